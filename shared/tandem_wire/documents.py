@@ -1,0 +1,257 @@
+"""Whole wire documents: content negotiation, JSON/msgpack encode and checked decode."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
+
+import msgspec
+import pybase64
+
+from .codec import b64decode_item_bytes
+from .errors import InvalidDocument, MalformedBase64, MalformedBody, PayloadTooLarge
+from .limits import DEFAULT_LIMITS, DecodeLimits
+from .protocol import GenerateRequest
+
+__all__ = [
+    "JSON_CONTENT_TYPE",
+    "MSGPACK_CONTENT_TYPE",
+    "ItemBytes",
+    "WireFormat",
+    "format_of_content_type",
+    "format_for_accept",
+    "decode_generate_request",
+    "decode_generate_requests",
+    "encode_generate_request",
+    "encode_generate_requests",
+    "encode_document",
+    "decode_document",
+    "check_features",
+]
+
+JSON_CONTENT_TYPE = "application/json"
+MSGPACK_CONTENT_TYPE = "application/vnd.msgpack"
+_MSGPACK_ALIASES = frozenset({MSGPACK_CONTENT_TYPE, "application/msgpack", "application/x-msgpack"})
+
+ItemBytes: TypeAlias = bytes | bytearray | memoryview
+"""A msgpack-encoded kwargs item: what ``kwargs_data`` entries hold once decoded."""
+
+T = TypeVar("T")
+
+
+class WireFormat(enum.Enum):
+    """The two body encodings: upstream-compatible JSON, and our msgpack extension."""
+
+    JSON = JSON_CONTENT_TYPE
+    MSGPACK = MSGPACK_CONTENT_TYPE
+
+    @property
+    def content_type(self) -> str:
+        return self.value
+
+
+def _media_type(header: str | None) -> str:
+    return (header or "").split(";", 1)[0].strip().lower()
+
+
+def format_of_content_type(content_type: str | None) -> WireFormat:
+    """The format of a request body by its Content-Type (JSON when absent)."""
+    media = _media_type(content_type)
+    if media in _MSGPACK_ALIASES:
+        return WireFormat.MSGPACK
+    if media in ("", JSON_CONTENT_TYPE) or media.endswith("+json"):
+        return WireFormat.JSON
+    raise InvalidDocument(f"unsupported content type {media[:64]!r}; send JSON or msgpack")
+
+
+def format_for_accept(accept: str | None) -> WireFormat:
+    """The response format for an Accept header: msgpack only when the client asks for it."""
+    for part in (accept or "").split(","):
+        if _media_type(part) in _MSGPACK_ALIASES:
+            return WireFormat.MSGPACK
+    return WireFormat.JSON
+
+
+# Decoders are built once (msgspec compiles the schema); binary mode decodes bins as
+# memoryviews into the body, so item bytes are never copied out of the request.
+_JSON_REQUEST = msgspec.json.Decoder(GenerateRequest[str])
+_JSON_REQUESTS = msgspec.json.Decoder(list[GenerateRequest[str]])
+_MSGPACK_REQUEST = msgspec.msgpack.Decoder(GenerateRequest[memoryview])
+_MSGPACK_REQUESTS = msgspec.msgpack.Decoder(list[GenerateRequest[memoryview]])
+_JSON_ENCODER = msgspec.json.Encoder()
+_MSGPACK_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _run_decoder(decoder: Any, body: ItemBytes, limits: DecodeLimits) -> Any:
+    size = memoryview(body).nbytes
+    if size > limits.max_body_bytes:
+        raise PayloadTooLarge(f"body of {size} bytes exceeds {limits.max_body_bytes}")
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise InvalidDocument(_short(str(exc))) from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise MalformedBody(f"body is not valid {_fmt_name(decoder)}: {_short(str(exc))}") from None
+    except RecursionError:
+        raise MalformedBody("body nests too deeply") from None
+
+
+def _fmt_name(decoder: Any) -> str:
+    return "JSON" if isinstance(decoder, msgspec.json.Decoder) else "msgpack"
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _map_entries(
+    entries: dict[str, list[Any]] | None, fn: Callable[[Any], Any]
+) -> dict[str, list[Any]] | None:
+    if entries is None:
+        return None
+    return {m: [None if e is None else fn(e) for e in items] for m, items in entries.items()}
+
+
+def _with_entries(req: GenerateRequest[Any], fn: Callable[[Any], Any]) -> GenerateRequest[Any]:
+    feats = req.features
+    if feats is None or (feats.kwargs_data is None and feats.mm_metadata is None):
+        return req
+    new = msgspec.structs.replace(
+        feats,
+        kwargs_data=_map_entries(feats.kwargs_data, fn),
+        mm_metadata=_map_entries(feats.mm_metadata, fn),
+    )
+    return msgspec.structs.replace(req, features=new)
+
+
+def check_features(req: GenerateRequest[Any]) -> None:
+    """Model-independent checks of ``features`` (upstream's validators, plus ``is_embed``).
+
+    Same modalities everywhere, lists parallel to ``mm_hashes``, placeholders inside
+    ``token_ids``, globally sorted and non-overlapping, ``is_embed`` as long as its range.
+    """
+    feats = req.features
+    if feats is None:
+        return
+    if req.content_parts:
+        raise InvalidDocument("content_parts and features are mutually exclusive")
+    modalities = set(feats.mm_hashes)
+    if set(feats.mm_placeholders) != modalities:
+        raise InvalidDocument("mm_hashes and mm_placeholders must use the same modalities")
+    for name, entries in (("kwargs_data", feats.kwargs_data), ("mm_metadata", feats.mm_metadata)):
+        if entries is not None and set(entries) != modalities:
+            raise InvalidDocument(f"{name} must use the same modalities as mm_hashes")
+    n_tokens = len(req.token_ids)
+    ranges: list[tuple[int, int]] = []
+    for modality in modalities:
+        count = len(feats.mm_hashes[modality])
+        if len(feats.mm_placeholders[modality]) != count:
+            raise InvalidDocument(f"{modality}: mm_placeholders and mm_hashes differ in length")
+        for name, entries in (("kwargs_data", feats.kwargs_data), ("mm_metadata", feats.mm_metadata)):
+            if entries is not None and len(entries[modality]) != count:
+                raise InvalidDocument(f"{modality}: {name} and mm_hashes differ in length")
+        for p in feats.mm_placeholders[modality]:
+            if p.offset + p.length > n_tokens:
+                raise InvalidDocument("mm_placeholders must remain within the token_ids sequence")
+            if p.is_embed is not None and len(p.is_embed) != p.length:
+                raise InvalidDocument("is_embed must have one flag per placeholder token")
+            ranges.append((p.offset, p.offset + p.length))
+    ranges.sort()
+    for (_, end), (next_start, _) in zip(ranges, ranges[1:], strict=False):
+        if next_start < end:
+            raise InvalidDocument("mm_placeholders must be globally non-overlapping")
+
+
+def decode_generate_request(
+    body: ItemBytes, fmt: WireFormat, limits: DecodeLimits = DEFAULT_LIMITS
+) -> GenerateRequest[ItemBytes]:
+    """Decode and check one generate request; kwargs entries come back as item bytes.
+
+    JSON entries are base64-decoded (strictly); msgpack entries are zero-copy views into
+    ``body``. Raises a WireError for any malformed or invalid input.
+    """
+    if fmt is WireFormat.JSON:
+        req = _run_decoder(_JSON_REQUEST, body, limits)
+        req = _with_entries(req, lambda s: b64decode_item_bytes(s, limits))
+    else:
+        req = _run_decoder(_MSGPACK_REQUEST, body, limits)
+        _check_entry_sizes(req, limits)
+    check_features(req)
+    return req  # type: ignore[no-any-return]
+
+
+def decode_generate_requests(
+    body: ItemBytes, fmt: WireFormat, limits: DecodeLimits = DEFAULT_LIMITS
+) -> list[GenerateRequest[ItemBytes]]:
+    """Decode a list of generate requests (the ``/v1/completions/render`` answer)."""
+    if fmt is WireFormat.JSON:
+        reqs = _run_decoder(_JSON_REQUESTS, body, limits)
+        reqs = [_with_entries(r, lambda s: b64decode_item_bytes(s, limits)) for r in reqs]
+    else:
+        reqs = _run_decoder(_MSGPACK_REQUESTS, body, limits)
+        for r in reqs:
+            _check_entry_sizes(r, limits)
+    for r in reqs:
+        check_features(r)
+    return reqs  # type: ignore[no-any-return]
+
+
+def _check_entry_sizes(req: GenerateRequest[Any], limits: DecodeLimits) -> None:
+    feats = req.features
+    if feats is None:
+        return
+    for entries in (feats.kwargs_data, feats.mm_metadata):
+        for items in (entries or {}).values():
+            for e in items:
+                if e is not None and e.nbytes > limits.max_item_bytes:
+                    raise PayloadTooLarge(f"item of {e.nbytes} bytes exceeds {limits.max_item_bytes}")
+
+
+def _b64(entry: ItemBytes) -> str:
+    return pybase64.b64encode(entry).decode("ascii")
+
+
+def encode_generate_request(req: GenerateRequest[Any], fmt: WireFormat) -> bytes:
+    """Encode a generate request whose kwargs entries are item bytes (or already base64 text)."""
+    if fmt is WireFormat.JSON:
+        return _JSON_ENCODER.encode(_with_entries(req, lambda e: e if isinstance(e, str) else _b64(e)))
+    return _MSGPACK_ENCODER.encode(_with_entries(req, _as_bytes_entry))
+
+
+def encode_generate_requests(reqs: list[GenerateRequest[Any]], fmt: WireFormat) -> bytes:
+    """Encode a list of generate requests (the ``/v1/completions/render`` answer)."""
+    if fmt is WireFormat.JSON:
+        conv = [_with_entries(r, lambda e: e if isinstance(e, str) else _b64(e)) for r in reqs]
+        return _JSON_ENCODER.encode(conv)
+    return _MSGPACK_ENCODER.encode([_with_entries(r, _as_bytes_entry) for r in reqs])
+
+
+def _as_bytes_entry(entry: ItemBytes | str) -> ItemBytes:
+    if isinstance(entry, str):
+        try:
+            return pybase64.b64decode(entry, validate=True)
+        except ValueError:
+            raise MalformedBase64("kwargs entry is not valid base64") from None
+    return entry
+
+
+def encode_document(obj: Any, fmt: WireFormat) -> bytes:
+    """Encode any wire struct (responses, errors) in the given format."""
+    return _JSON_ENCODER.encode(obj) if fmt is WireFormat.JSON else _MSGPACK_ENCODER.encode(obj)
+
+
+_DOC_DECODERS: dict[tuple[Any, WireFormat], Any] = {}
+
+
+def decode_document(
+    body: ItemBytes, type_: type[T], fmt: WireFormat, limits: DecodeLimits = DEFAULT_LIMITS
+) -> T:
+    """Decode any wire struct (responses, errors) with a cached typed decoder."""
+    key = (type_, fmt)
+    decoder = _DOC_DECODERS.get(key)
+    if decoder is None:
+        mod = msgspec.json if fmt is WireFormat.JSON else msgspec.msgpack
+        decoder = _DOC_DECODERS[key] = mod.Decoder(type_)
+    return _run_decoder(decoder, body, limits)  # type: ignore[no-any-return]
+
