@@ -9,16 +9,6 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from vllm.multimodal.inputs import (
-    BaseMultiModalField,
-    MultiModalBatchedField,
-    MultiModalFieldElem,
-    MultiModalFlatField,
-    MultiModalKwargsItem,
-    MultiModalSharedField,
-    PlaceholderRange,
-)
-
 from tandem_wire import (
     BatchedLayout,
     FieldElem,
@@ -29,6 +19,15 @@ from tandem_wire import (
     SharedLayout,
 )
 from tandem_wire import PlaceholderRange as WirePlaceholder
+from vllm.multimodal.inputs import (
+    BaseMultiModalField,
+    MultiModalBatchedField,
+    MultiModalFieldElem,
+    MultiModalFlatField,
+    MultiModalKwargsItem,
+    MultiModalSharedField,
+    PlaceholderRange,
+)
 
 __all__ = [
     "tensor_to_numpy",
@@ -86,9 +85,9 @@ def _field_to_vllm(layout: FieldLayout) -> BaseMultiModalField:
     if isinstance(layout, BatchedLayout):
         return MultiModalBatchedField(keep_on_cpu=layout.keep_on_cpu)
     if isinstance(layout, FlatLayout):
-        return MultiModalFlatField(
-            slices=list(layout.slices), dim=layout.dim, keep_on_cpu=layout.keep_on_cpu
-        )
+        # Lists, as vLLM's own msgpack decoder builds them.
+        slices = [s if isinstance(s, slice) else list(s) for s in layout.slices]
+        return MultiModalFlatField(slices=slices, dim=layout.dim, keep_on_cpu=layout.keep_on_cpu)
     return MultiModalSharedField(batch_size=layout.batch_size, keep_on_cpu=layout.keep_on_cpu)
 
 

@@ -205,7 +205,7 @@ def _slice_from_wire(obj: Any) -> slice:
 def _slices_from_wire(obj: Any) -> Any:
     if not isinstance(obj, list) or len(obj) > _MAX_SLICES:
         raise InvalidFieldLayout("flat layout slices must be a (bounded) list")
-    out = []
+    out: list[slice | tuple[slice, ...]] = []
     for s in obj:
         if not isinstance(s, list):
             raise InvalidFieldLayout("flat layout slices must be lists")
@@ -249,7 +249,9 @@ def _kind(obj: Any) -> str:
     return "null" if obj is None else type(obj).__name__
 
 
-def decode_item(buf: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS) -> KwargsItem:
+def decode_item(
+    buf: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS
+) -> KwargsItem:
     """Decode and validate one msgpack kwargs item from untrusted bytes.
 
     Tensors are zero-copy, read-only views into ``buf`` (they keep it alive). Every failure
@@ -289,7 +291,9 @@ def decode_item(buf: bytes | bytearray | memoryview, limits: DecodeLimits = DEFA
 def b64decode_item_bytes(text: str, limits: DecodeLimits = DEFAULT_LIMITS) -> bytes:
     """Strict base64 decode of one JSON-mode item, size-checked before decoding."""
     if len(text) // 4 * 3 > limits.max_item_bytes:
-        raise PayloadTooLarge(f"item of ~{len(text) // 4 * 3} bytes exceeds {limits.max_item_bytes}")
+        raise PayloadTooLarge(
+            f"item of ~{len(text) // 4 * 3} bytes exceeds {limits.max_item_bytes}"
+        )
     try:
         return pybase64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):

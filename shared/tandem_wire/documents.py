@@ -148,7 +148,10 @@ def check_features(req: GenerateRequest[Any]) -> None:
         count = len(feats.mm_hashes[modality])
         if len(feats.mm_placeholders[modality]) != count:
             raise InvalidDocument(f"{modality}: mm_placeholders and mm_hashes differ in length")
-        for name, entries in (("kwargs_data", feats.kwargs_data), ("mm_metadata", feats.mm_metadata)):
+        for name, entries in (
+            ("kwargs_data", feats.kwargs_data),
+            ("mm_metadata", feats.mm_metadata),
+        ):
             if entries is not None and len(entries[modality]) != count:
                 raise InvalidDocument(f"{modality}: {name} and mm_hashes differ in length")
         for p in feats.mm_placeholders[modality]:
@@ -205,7 +208,9 @@ def _check_entry_sizes(req: GenerateRequest[Any], limits: DecodeLimits) -> None:
         for items in (entries or {}).values():
             for e in items:
                 if e is not None and e.nbytes > limits.max_item_bytes:
-                    raise PayloadTooLarge(f"item of {e.nbytes} bytes exceeds {limits.max_item_bytes}")
+                    raise PayloadTooLarge(
+                        f"item of {e.nbytes} bytes exceeds {limits.max_item_bytes}"
+                    )
 
 
 def _b64(entry: ItemBytes) -> str:
@@ -215,7 +220,9 @@ def _b64(entry: ItemBytes) -> str:
 def encode_generate_request(req: GenerateRequest[Any], fmt: WireFormat) -> bytes:
     """Encode a generate request whose kwargs entries are item bytes (or already base64 text)."""
     if fmt is WireFormat.JSON:
-        return _JSON_ENCODER.encode(_with_entries(req, lambda e: e if isinstance(e, str) else _b64(e)))
+        return _JSON_ENCODER.encode(
+            _with_entries(req, lambda e: e if isinstance(e, str) else _b64(e))
+        )
     return _MSGPACK_ENCODER.encode(_with_entries(req, _as_bytes_entry))
 
 
@@ -254,4 +261,3 @@ def decode_document(
         mod = msgspec.json if fmt is WireFormat.JSON else msgspec.msgpack
         decoder = _DOC_DECODERS[key] = mod.Decoder(type_)
     return _run_decoder(decoder, body, limits)  # type: ignore[no-any-return]
-

@@ -327,4 +327,3 @@ class ErrorBody(Struct):
 
     error: ErrorInfo
     """The error."""
-

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
 from tandem_wire import (
     DecodeLimits,
     InvalidFieldLayout,
@@ -63,7 +62,11 @@ CASES = [
     ("shape float", item_with(["float32", [2.0], Ext(3, b"\0" * 8)]), ShapeMismatch),
     ("shape bool", item_with(["float32", [True, True], Ext(3, b"\0" * 4)]), ShapeMismatch),
     ("product overflows int64", item_with(tensor(shape=(2**62, 2**62, 16))), PayloadTooLarge),
-    ("product wraps to 0 in int64", item_with(tensor(shape=(2**63, 2), payload=b"")), PayloadTooLarge),
+    (
+        "product wraps to 0 in int64",
+        item_with(tensor(shape=(2**63, 2), payload=b"")),
+        PayloadTooLarge,
+    ),
     ("uint64 max dim", item_with(tensor(shape=(2**64 - 1,))), PayloadTooLarge),
     ("huge declared tensor", item_with(tensor(shape=(1 << 40,))), PayloadTooLarge),
     ("too many dims", item_with(tensor(shape=(1,) * 40, payload=b"\0" * 4)), PayloadTooLarge),
@@ -74,7 +77,11 @@ CASES = [
     ("data is a string", item_with("float32"), InvalidTensorData),
     ("data is a map", item_with({"a": 1}), InvalidTensorData),
     ("elem missing field", enc({"x": {"data": None}}), InvalidTensorData),
-    ("elem extra key", enc({"x": {"data": None, "field": ["batched", {}], "z": 1}}), InvalidTensorData),
+    (
+        "elem extra key",
+        enc({"x": {"data": None, "field": ["batched", {}], "z": 1}}),
+        InvalidTensorData,
+    ),
     ("elem not map", enc({"x": [1, 2]}), InvalidTensorData),
     ("non-string key", enc({1: {"data": None, "field": ["batched", {}]}}), InvalidTensorData),
     ("unknown factory", item_with(tensor(), ("pickled", {})), InvalidFieldLayout),
@@ -82,18 +89,46 @@ CASES = [
     ("field not pair", enc({"x": {"data": None, "field": ["batched"]}}), InvalidFieldLayout),
     ("field kwargs list", enc({"x": {"data": None, "field": ["batched", []]}}), InvalidFieldLayout),
     ("unknown field kwarg", item_with(tensor(), ("batched", {"evil": 1})), InvalidFieldLayout),
-    ("keep_on_cpu not bool", item_with(tensor(), ("batched", {"keep_on_cpu": 1})), InvalidFieldLayout),
+    (
+        "keep_on_cpu not bool",
+        item_with(tensor(), ("batched", {"keep_on_cpu": 1})),
+        InvalidFieldLayout,
+    ),
     ("flat without slices", item_with(tensor(), ("flat", {"dim": 0})), InvalidFieldLayout),
     ("flat slices not list", item_with(tensor(), ("flat", {"slices": 3})), InvalidFieldLayout),
-    ("flat slice too long", item_with(tensor(), ("flat", {"slices": [[0, 1, 1, 1]]})), InvalidFieldLayout),
-    ("flat slice strings", item_with(tensor(), ("flat", {"slices": [["a", "b"]]})), InvalidFieldLayout),
-    ("flat slice huge", item_with(tensor(), ("flat", {"slices": [[0, 2**63 - 1]]})), InvalidFieldLayout),
-    ("flat slices nested 3", item_with(tensor(), ("flat", {"slices": [[[[0, 1]]]]})), InvalidFieldLayout),
-    ("flat negative dim", item_with(tensor(), ("flat", {"slices": [], "dim": -1})), InvalidFieldLayout),
+    (
+        "flat slice too long",
+        item_with(tensor(), ("flat", {"slices": [[0, 1, 1, 1]]})),
+        InvalidFieldLayout,
+    ),
+    (
+        "flat slice strings",
+        item_with(tensor(), ("flat", {"slices": [["a", "b"]]})),
+        InvalidFieldLayout,
+    ),
+    (
+        "flat slice huge",
+        item_with(tensor(), ("flat", {"slices": [[0, 2**63 - 1]]})),
+        InvalidFieldLayout,
+    ),
+    (
+        "flat slices nested 3",
+        item_with(tensor(), ("flat", {"slices": [[[[0, 1]]]]})),
+        InvalidFieldLayout,
+    ),
+    (
+        "flat negative dim",
+        item_with(tensor(), ("flat", {"slices": [], "dim": -1})),
+        InvalidFieldLayout,
+    ),
     ("flat huge dim", item_with(tensor(), ("flat", {"slices": [], "dim": 99})), InvalidFieldLayout),
     ("shared no batch", item_with(tensor(), ("shared", {})), InvalidFieldLayout),
     ("shared zero batch", item_with(tensor(), ("shared", {"batch_size": 0})), InvalidFieldLayout),
-    ("shared huge batch", item_with(tensor(), ("shared", {"batch_size": 2**40})), InvalidFieldLayout),
+    (
+        "shared huge batch",
+        item_with(tensor(), ("shared", {"batch_size": 2**40})),
+        InvalidFieldLayout,
+    ),
     ("deep nesting", item_with([[[[[[[[[[[tensor()]]]]]]]]]]]), NestingTooDeep),
 ]
 

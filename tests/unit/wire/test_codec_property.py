@@ -7,7 +7,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
 from tandem_wire import (
     BatchedLayout,
     FieldElem,
@@ -20,7 +19,17 @@ from tandem_wire import (
 
 from .test_codec_roundtrip import assert_items_equal
 
-DTYPES = [np.float32, np.float16, np.float64, np.uint8, np.int8, np.int16, np.int32, np.int64, np.bool_]
+DTYPES = [
+    np.float32,
+    np.float16,
+    np.float64,
+    np.uint8,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.bool_,
+]
 
 arrays = st.one_of(
     hnp.arrays(

@@ -1,0 +1,61 @@
+# Tandem: the one entry point. CI runs the same targets (see .ci/run).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tandem-setup
+
+# Offline and CPU-engine settings for everything run from here (../shared/docs/running-vllm-here.md).
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export VLLM_CPU_OMP_THREADS_BIND ?= nobind
+export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
+export TANDEM_MODEL_CACHE ?= $(CURDIR)/.cache/models
+
+PYTEST_ARGS ?=
+
+.PHONY: help setup models test test-unit test-slow lint format bench-wire clean
+
+help:
+	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
+	@echo "make test        set up if needed, lint, then run the test suite"
+	@echo "make test-slow   the long suites (marked slow)"
+	@echo "make lint        ruff + mypy"
+	@echo "make models      build the tiny test models into .cache/models"
+	@echo "make bench-wire  wire codec throughput: ours (JSON, binary) vs vLLM's serde vs memcpy"
+
+# The stamp records the inputs of the last successful set-up; tools/setup_env.py is idempotent
+# and re-runs only when pyproject.toml or itself changed.
+$(STAMP): pyproject.toml tools/setup_env.py
+	$(PYTHON) tools/setup_env.py --venv $(VENV)
+
+setup:
+	$(PYTHON) tools/setup_env.py --venv $(VENV)
+
+models: $(STAMP)
+	$(PY) -m tools.tiny_models
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: $(STAMP) lint
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+bench-wire: $(STAMP)
+	$(PY) -m tools.bench_wire
+
+clean:
+	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,146 @@
+"""Project-wide rules: no pickle anywhere, the wire library stays light, public APIs are pinned."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import tandem_wire
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE_DIRS = ["shared", "services", "tools", "examples"]
+
+
+def _python_files():
+    for d in SOURCE_DIRS:
+        yield from (ROOT / d).rglob("*.py") if (ROOT / d).exists() else ()
+
+
+def test_no_pickle_imports():
+    offenders = []
+    for path in _python_files():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] in {"pickle", "cloudpickle", "dill", "_pickle"} for n in names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+def _imported_modules(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print('\\n'.join(sys.modules))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return {m.split(".")[0] for m in out.stdout.split()}
+
+
+def test_wire_library_imports_no_vllm_torch_or_web_framework():
+    # (numpy itself imports pickle; what matters is that our code never calls it: see above)
+    mods = _imported_modules("import tandem_wire")
+    assert not mods & {"vllm", "torch", "fastapi", "starlette", "transformers"}
+
+
+def test_only_adapters_import_vllm():
+    allowed = {"tandem_vllm"}
+    offenders = []
+    for path in (ROOT / "shared").rglob("*.py"):
+        pkg = path.relative_to(ROOT / "shared").parts[0]
+        if pkg in allowed:
+            continue
+        if "vllm" in {n.split(".")[0] for n in _module_imports(path)}:
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+
+
+def _module_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_wire_public_api_is_pinned():
+    assert sorted(tandem_wire.__all__) == sorted(
+        [
+            "BatchedLayout",
+            "ChoiceLogprobs",
+            "DEFAULT_LIMITS",
+            "DecodeLimits",
+            "ErrorBody",
+            "ErrorInfo",
+            "FieldElem",
+            "FieldLayout",
+            "FlatLayout",
+            "GenerateChoice",
+            "GenerateRequest",
+            "GenerateResponse",
+            "GenerateStreamChoice",
+            "GenerateStreamResponse",
+            "InvalidDocument",
+            "InvalidFieldLayout",
+            "InvalidTensorData",
+            "ItemBytes",
+            "JSON_CONTENT_TYPE",
+            "KwargsItem",
+            "MSGPACK_CONTENT_TYPE",
+            "MalformedBase64",
+            "MalformedBody",
+            "MultiModalFeatures",
+            "NestedTensors",
+            "NestingTooDeep",
+            "PayloadTooLarge",
+            "PlaceholderRange",
+            "PromptLogprob",
+            "RAW_TENSOR_EXT",
+            "ShapeMismatch",
+            "SharedLayout",
+            "TokenLogprob",
+            "TokenLogprobContent",
+            "UnsupportedDtype",
+            "UnsupportedExtType",
+            "UsageInfo",
+            "WIRE_DTYPES",
+            "WireError",
+            "WireFormat",
+            "b64decode_item_bytes",
+            "check_features",
+            "decode_document",
+            "decode_generate_request",
+            "decode_generate_requests",
+            "decode_item",
+            "decode_item_b64",
+            "encode_document",
+            "encode_generate_request",
+            "encode_generate_requests",
+            "encode_item",
+            "encode_item_b64",
+            "format_for_accept",
+            "format_of_content_type",
+            "new_request_id",
+            "numpy_dtype",
+            "wire_dtype_name",
+        ]
+    )
+    for name in tandem_wire.__all__:
+        assert hasattr(tandem_wire, name)
+
+
+def test_every_wire_error_has_a_distinct_stable_type():
+    errors = [getattr(tandem_wire, n) for n in tandem_wire.__all__]
+    errors = [e for e in errors if isinstance(e, type) and issubclass(e, tandem_wire.WireError)]
+    types = [e.type for e in errors if e is not tandem_wire.WireError]
+    assert len(types) == len(set(types))
+    assert all(400 <= e.status_code < 500 for e in errors)

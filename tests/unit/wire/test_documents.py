@@ -1,0 +1,195 @@
+"""Whole documents: negotiation, JSON/msgpack round trips and the structural checks."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from tandem_wire import (
+    DecodeLimits,
+    ErrorBody,
+    ErrorInfo,
+    GenerateChoice,
+    GenerateResponse,
+    InvalidDocument,
+    MalformedBase64,
+    MalformedBody,
+    PayloadTooLarge,
+    UsageInfo,
+    WireFormat,
+    decode_document,
+    decode_generate_request,
+    decode_generate_requests,
+    encode_document,
+    encode_generate_request,
+    encode_generate_requests,
+    format_for_accept,
+    format_of_content_type,
+)
+
+from .test_golden import golden_request
+
+FORMATS = [WireFormat.JSON, WireFormat.MSGPACK]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_request_roundtrip(fmt):
+    req = golden_request()
+    back = decode_generate_request(encode_generate_request(req, fmt), fmt)
+    assert back.token_ids == req.token_ids
+    assert back.sampling_params == req.sampling_params
+    assert bytes(back.features.kwargs_data["image"][0]) == req.features.kwargs_data["image"][0]
+    assert back.features.mm_placeholders == req.features.mm_placeholders
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_request_list_roundtrip(fmt):
+    reqs = [golden_request(), golden_request()]
+    back = decode_generate_requests(encode_generate_requests(reqs, fmt), fmt)
+    assert [r.token_ids for r in back] == [r.token_ids for r in reqs]
+
+
+def test_msgpack_entries_are_views_into_the_body():
+    body = encode_generate_request(golden_request(), WireFormat.MSGPACK)
+    entry = decode_generate_request(body, WireFormat.MSGPACK).features.kwargs_data["image"][0]
+    assert isinstance(entry, memoryview) and entry.obj is body
+
+
+def test_upstream_shape_json_parses():
+    # What upstream's render emits: every field present, placeholders without is_embed.
+    doc = json.loads(encode_generate_request(golden_request(), WireFormat.JSON))
+    assert set(doc["features"]) == {"mm_hashes", "mm_placeholders", "kwargs_data", "mm_metadata"}
+    assert doc["features"]["mm_placeholders"]["image"][0] == {"offset": 1, "length": 2}
+    doc["unknown_future_field"] = {"x": 1}
+    req = decode_generate_request(json.dumps(doc).encode(), WireFormat.JSON)
+    assert req.request_id == "r1"
+
+
+def test_defaults_when_fields_are_missing():
+    req = decode_generate_request(b'{"token_ids": [1, 2]}', WireFormat.JSON)
+    assert req.features is None and req.sampling_params == {} and len(req.request_id) == 32
+
+
+def _doc(**changes):
+    doc = json.loads(encode_generate_request(golden_request(), WireFormat.JSON))
+    for path, value in changes.items():
+        target = doc
+        keys = path.split("__")
+        for k in keys[:-1]:
+            target = target[int(k)] if isinstance(target, list) else target[k]
+        target[keys[-1]] = value
+    return json.dumps(doc).encode()
+
+
+BAD = [
+    ("empty", b"", MalformedBody),
+    ("not json", b"{token_ids", MalformedBody),
+    ("invalid utf8", b'{"token_ids": [1], "model": "\xff"}', MalformedBody),
+    ("array", b"[]", InvalidDocument),
+    ("no tokens", b'{"token_ids": []}', InvalidDocument),
+    ("negative token", b'{"token_ids": [-1]}', InvalidDocument),
+    ("string token", b'{"token_ids": ["a"]}', InvalidDocument),
+    ("bad output mode", b'{"token_ids": [1], "output_mode": "x"}', InvalidDocument),
+    ("modalities differ", _doc(features__mm_placeholders={"video": []}), InvalidDocument),
+    ("lengths differ", _doc(features__mm_hashes={"image": ["a", "b"]}), InvalidDocument),
+    (
+        "placeholder past end",
+        _doc(features__mm_placeholders={"image": [{"offset": 3, "length": 2}]}),
+        InvalidDocument,
+    ),
+    (
+        "zero length placeholder",
+        _doc(features__mm_placeholders={"image": [{"offset": 0, "length": 0}]}),
+        InvalidDocument,
+    ),
+    (
+        "is_embed wrong length",
+        _doc(features__mm_placeholders={"image": [{"offset": 1, "length": 2, "is_embed": [True]}]}),
+        InvalidDocument,
+    ),
+    ("kwargs not base64", _doc(features__kwargs_data={"image": ["%%%%"]}), MalformedBase64),
+    ("kwargs wrong modality", _doc(features__kwargs_data={"video": [None]}), InvalidDocument),
+    ("kwargs too many", _doc(features__kwargs_data={"image": [None, None]}), InvalidDocument),
+    ("content parts too", _doc(content_parts=[{"type": "text"}]), InvalidDocument),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "err"), BAD, ids=[b[0] for b in BAD])
+def test_bad_documents(name, body, err):
+    with pytest.raises(err) as info:
+        decode_generate_request(body, WireFormat.JSON)
+    assert len(info.value.message) < 400
+
+
+def test_overlapping_placeholders_across_modalities():
+    doc = json.loads(_doc())
+    doc["token_ids"] = [1] * 10
+    doc["features"]["mm_hashes"] = {"image": ["a"], "video": ["b"]}
+    doc["features"]["mm_placeholders"] = {
+        "image": [{"offset": 2, "length": 4}],
+        "video": [{"offset": 5, "length": 2}],
+    }
+    doc["features"]["kwargs_data"] = None
+    with pytest.raises(InvalidDocument, match="non-overlapping"):
+        decode_generate_request(json.dumps(doc).encode(), WireFormat.JSON)
+
+
+def test_msgpack_entry_must_be_bin():
+    doc = msgspec.json.decode(_doc())
+    body = msgspec.msgpack.encode(doc)  # kwargs entries stay base64 *strings*
+    with pytest.raises(InvalidDocument):
+        decode_generate_request(body, WireFormat.MSGPACK)
+
+
+def test_body_limit():
+    with pytest.raises(PayloadTooLarge):
+        decode_generate_request(_doc(), WireFormat.JSON, DecodeLimits(max_body_bytes=64))
+
+
+def test_item_limit_in_msgpack_mode():
+    body = encode_generate_request(golden_request(), WireFormat.MSGPACK)
+    with pytest.raises(PayloadTooLarge):
+        decode_generate_request(body, WireFormat.MSGPACK, DecodeLimits(max_item_bytes=10))
+
+
+@pytest.mark.parametrize(
+    ("header", "fmt"),
+    [
+        (None, WireFormat.JSON),
+        ("application/json; charset=utf-8", WireFormat.JSON),
+        ("application/vnd.msgpack", WireFormat.MSGPACK),
+        ("Application/MsgPack", WireFormat.MSGPACK),
+    ],
+)
+def test_content_type(header, fmt):
+    assert format_of_content_type(header) is fmt
+
+
+def test_unknown_content_type():
+    with pytest.raises(InvalidDocument):
+        format_of_content_type("text/xml")
+
+
+def test_accept():
+    assert format_for_accept(None) is WireFormat.JSON
+    assert format_for_accept("*/*") is WireFormat.JSON
+    assert (
+        format_for_accept("application/json, application/vnd.msgpack;q=0.9") is WireFormat.MSGPACK
+    )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_response_and_error_documents(fmt):
+    resp = GenerateResponse(
+        request_id="r",
+        choices=[GenerateChoice(index=0, token_ids=[3, 4], finish_reason="length")],
+        usage=UsageInfo(prompt_tokens=2, completion_tokens=2, total_tokens=4),
+    )
+    assert decode_document(encode_document(resp, fmt), GenerateResponse, fmt) == resp
+    err = ErrorBody(ErrorInfo(type="mm_cache_miss", message="m", code=409))
+    assert decode_document(encode_document(err, fmt), ErrorBody, fmt) == err
+    if fmt is WireFormat.JSON:
+        assert json.loads(encode_document(err, fmt)) == {
+            "error": {"type": "mm_cache_miss", "message": "m", "code": 409}
+        }
