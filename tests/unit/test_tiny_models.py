@@ -1,0 +1,187 @@
+"""Tiny test models: byte-identical rebuilds, and they load offline in transformers and vLLM."""
+
+from __future__ import annotations
+
+import os
+
+# Before transformers or vLLM is imported: nothing may reach a model hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tools import tiny_models  # noqa: E402
+from tools.tiny_models import MODELS, build_model, ensure_model  # noqa: E402
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from PIL import Image  # noqa: E402
+
+# Placeholder tokens for one 224x224 image: (224 / patch)^2 / merge^2, no resize needed.
+EXPECTED_IMAGE_TOKENS = {"qwen2-vl": 64, "qwen2.5-vl": 64, "qwen3-vl": 49}
+
+MESSAGES = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {
+        "role": "user",
+        "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}],
+    },
+]
+
+
+def _image() -> Image.Image:
+    return Image.new("RGB", (224, 224), (200, 40, 90))
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="session")
+def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session", params=MODELS)
+def model_dir(request: pytest.FixtureRequest, models_root: Path) -> Path:
+    return ensure_model(request.param, models_root)
+
+
+def test_models_listed() -> None:
+    assert {"qwen2-vl", "qwen3-vl"} <= set(MODELS)
+    assert set(EXPECTED_IMAGE_TOKENS) == set(MODELS)
+
+
+def test_build_is_byte_identical(tmp_path: Path) -> None:
+    build_model("qwen2-vl", tmp_path / "a")
+    build_model("qwen2-vl", tmp_path / "b")
+    a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(a)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name] == b[name], name
+
+
+def test_ensure_model_caches_and_rebuilds_when_stale(tmp_path: Path) -> None:
+    path = ensure_model("qwen2-vl", tmp_path)
+    assert path == tmp_path / "qwen2-vl"
+    marker = path / tiny_models.MARKER
+    assert marker.read_text().strip() == tiny_models.fingerprint()
+    weights = (path / "model.safetensors").stat().st_mtime_ns
+    assert ensure_model("qwen2-vl", tmp_path) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == weights
+
+    marker.write_text("stale\n")
+    assert ensure_model("qwen2-vl", tmp_path) == path
+    assert marker.read_text().strip() == tiny_models.fingerprint()
+    # Only the finished folder, the lock and nothing half-built is left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".qwen2-vl.lock", "qwen2-vl"]
+
+
+def test_cli_prints_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tiny_models.main(["qwen2-vl", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "qwen2-vl")]
+    with pytest.raises(SystemExit):
+        tiny_models.main(["no-such-model", "--out", str(tmp_path)])
+
+
+def test_unknown_model_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown model"):
+        ensure_model("llama", tmp_path)
+
+
+def test_transformers_loads_processes_and_generates(model_dir: Path) -> None:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    name = model_dir.name
+    processor = AutoProcessor.from_pretrained(model_dir)
+    tokenizer = processor.tokenizer
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    config = model.config
+
+    for token, config_id in [
+        ("<|image_pad|>", config.image_token_id),
+        ("<|video_pad|>", config.video_token_id),
+        ("<|vision_start|>", config.vision_start_token_id),
+        ("<|vision_end|>", config.vision_end_token_id),
+    ]:
+        assert tokenizer.convert_tokens_to_ids(token) == config_id, token
+    text_config = config.get_text_config()
+    assert len(tokenizer) <= text_config.vocab_size
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.eos_token_id == text_config.eos_token_id
+    assert tokenizer.pad_token_id == text_config.pad_token_id
+    assert tokenizer.convert_ids_to_tokens(text_config.bos_token_id) == "<|endoftext|>"
+    # transformers 5 rebuilds Qwen2Tokenizer's pipeline and keeps only vocab and merges from
+    # tokenizer.json; both must still split text identically.
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    sample = "Hi there!  <|vision_start|><|image_pad|><|vision_end|> 12:30 naïve 日本\n<|im_end|>"
+    assert tokenizer(sample)["input_ids"] == raw.encode(sample).ids
+    assert tokenizer.decode(raw.encode(sample).ids) == sample
+
+    text = processor.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nYou are a terse assistant.<|im_end|>\n")
+    assert "<|vision_start|><|image_pad|><|vision_end|>What is in this picture?" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+    inputs = processor(text=[text], images=[_image()], return_tensors="pt")
+    merge = processor.image_processor.merge_size
+    n_image = int((inputs["input_ids"] == config.image_token_id).sum())
+    assert n_image == int(inputs["image_grid_thw"].prod()) // merge**2
+    assert n_image == EXPECTED_IMAGE_TOKENS[name]
+
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        assert logits.shape == (1, inputs["input_ids"].shape[1], text_config.vocab_size)
+        assert torch.isfinite(logits).all()
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    new = out[0, inputs["input_ids"].shape[1] :]
+    assert 1 <= new.numel() <= 3
+    assert int(new.max()) < text_config.vocab_size
+
+
+@pytest.fixture(scope="session")
+def vllm_processor(model_dir: Path):  # type: ignore[no-untyped-def]
+    pytest.importorskip("vllm")
+    from vllm.config import ModelConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    # Only configs, tokenizer and processor files are read: no weights, no engine.
+    model_config = ModelConfig(model=str(model_dir), max_model_len=4096, enforce_eager=True)
+    return MULTIMODAL_REGISTRY.create_processor(model_config)
+
+
+@pytest.mark.vllm
+def test_vllm_processor_loads_offline_and_places_image(model_dir: Path, vllm_processor) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoProcessor
+    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+    name = model_dir.name
+    tokenizer = vllm_processor.info.get_tokenizer()
+    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    assert prompt.count(image_id) == 1
+
+    mm_items = vllm_processor.info.parse_mm_data({"image": [_image()]})
+    result = vllm_processor.apply(ProcessorInputs(prompt, mm_items), TimingContext(enabled=False))
+
+    (placeholder,) = result["mm_placeholders"]["image"]
+    expected = EXPECTED_IMAGE_TOKENS[name]
+    assert placeholder.length == expected
+    ids = result["prompt_token_ids"]
+    assert (
+        ids[placeholder.offset : placeholder.offset + placeholder.length] == [image_id] * expected
+    )
+    assert ids.count(image_id) == expected
+    assert len(ids) == len(prompt) - 1 + expected
+
+    # vLLM's expansion matches the transformers processor token for token.
+    hf = AutoProcessor.from_pretrained(model_dir)(text=[text], images=[_image()])
+    assert ids == list(hf["input_ids"][0])
