@@ -9,6 +9,16 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
+from vllm.multimodal.inputs import (
+    BaseMultiModalField,
+    MultiModalBatchedField,
+    MultiModalFieldElem,
+    MultiModalFlatField,
+    MultiModalKwargsItem,
+    MultiModalSharedField,
+    PlaceholderRange,
+)
+
 from tandem_wire import (
     BatchedLayout,
     FieldElem,
@@ -19,15 +29,6 @@ from tandem_wire import (
     SharedLayout,
 )
 from tandem_wire import PlaceholderRange as WirePlaceholder
-from vllm.multimodal.inputs import (
-    BaseMultiModalField,
-    MultiModalBatchedField,
-    MultiModalFieldElem,
-    MultiModalFlatField,
-    MultiModalKwargsItem,
-    MultiModalSharedField,
-    PlaceholderRange,
-)
 
 __all__ = [
     "tensor_to_numpy",

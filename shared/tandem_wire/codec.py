@@ -87,7 +87,9 @@ def _nested_to_wire(data: NestedTensors) -> Any:
 
 def _slice_to_wire(s: Any) -> Any:
     if isinstance(s, slice):
-        return [s.start, s.stop, s.step]
+        # Processors build slices from 0-d tensors (e.g. a cumulative patch count); int() takes
+        # any integral scalar, as vLLM's encoder does.
+        return [None if v is None else int(v) for v in (s.start, s.stop, s.step)]
     return [_slice_to_wire(x) for x in s]
 
 
@@ -288,12 +290,13 @@ def decode_item(
     return item
 
 
-def b64decode_item_bytes(text: str, limits: DecodeLimits = DEFAULT_LIMITS) -> bytes:
+def b64decode_item_bytes(
+    text: str | bytes | memoryview, limits: DecodeLimits = DEFAULT_LIMITS
+) -> bytes:
     """Strict base64 decode of one JSON-mode item, size-checked before decoding."""
-    if len(text) // 4 * 3 > limits.max_item_bytes:
-        raise PayloadTooLarge(
-            f"item of ~{len(text) // 4 * 3} bytes exceeds {limits.max_item_bytes}"
-        )
+    size = len(text) // 4 * 3
+    if size > limits.max_item_bytes:
+        raise PayloadTooLarge(f"item of ~{size} bytes exceeds {limits.max_item_bytes}")
     try:
         return pybase64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):

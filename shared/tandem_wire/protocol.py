@@ -34,7 +34,8 @@ __all__ = [
 ]
 
 ItemT = TypeVar("ItemT")
-"""The kwargs entry type: ``str`` (base64) in JSON mode, ``bytes``/``memoryview`` in binary."""
+"""The kwargs entry type, null included: ``str | None`` (base64) in JSON mode,
+``bytes | memoryview | None`` in binary mode."""
 
 NonNegInt = Annotated[int, Meta(ge=0)]
 TokenId = Annotated[int, Meta(ge=0)]
@@ -73,13 +74,13 @@ class MultiModalFeatures(Struct, Generic[ItemT]):
     mm_placeholders: dict[str, list[PlaceholderRange]]
     """Placeholder ranges in ``token_ids``, globally sorted and non-overlapping."""
 
-    kwargs_data: dict[str, list[ItemT | None]] | None = None
+    kwargs_data: dict[str, list[ItemT]] | None = None
     """The processor outputs of each item: a msgpack-encoded kwargs item (see ``codec``),
     base64 text in JSON mode and raw ``bin`` in binary mode. A null entry means "the generate
     node already holds this item" (it answers 409 ``mm_cache_miss`` if it does not). Null for
     the whole field: no tensors were sent."""
 
-    mm_metadata: dict[str, list[ItemT | None]] | None = None
+    mm_metadata: dict[str, list[ItemT]] | None = None
     """Metadata-only items (grid sizes, ``keep_on_cpu`` fields) for encoder-cache transfer;
     used only with ``ec_transfer_params``. Same encoding as ``kwargs_data``."""
 

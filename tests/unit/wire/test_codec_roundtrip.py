@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+
 from tandem_wire import (
     BatchedLayout,
     FieldElem,

@@ -6,6 +6,7 @@ import json
 
 import msgspec
 import pytest
+
 from tandem_wire import (
     DecodeLimits,
     ErrorBody,
@@ -109,6 +110,9 @@ BAD = [
         InvalidDocument,
     ),
     ("kwargs not base64", _doc(features__kwargs_data={"image": ["%%%%"]}), MalformedBase64),
+    ("kwargs entry number", _doc(features__kwargs_data={"image": [5]}), InvalidDocument),
+    ("kwargs entry object", _doc(features__kwargs_data={"image": [{"a": 1}]}), InvalidDocument),
+    ("kwargs entry escaped", _doc(features__kwargs_data={"image": ["QUJ\u0044"]}), MalformedBase64),
     ("kwargs wrong modality", _doc(features__kwargs_data={"video": [None]}), InvalidDocument),
     ("kwargs too many", _doc(features__kwargs_data={"image": [None, None]}), InvalidDocument),
     ("content parts too", _doc(content_parts=[{"type": "text"}]), InvalidDocument),

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from tandem_wire import decode_item, decode_item_b64, encode_item, encode_item_b64
 
 pytestmark = pytest.mark.vllm
 
 torch = pytest.importorskip("torch")
 mm_serde = pytest.importorskip("vllm.entrypoints.scale_out.token_in_token_out.mm_serde")
-from tandem_vllm.items import item_from_vllm, item_to_vllm, tensor_to_numpy  # noqa: E402
 from vllm.multimodal.inputs import (  # noqa: E402
     MultiModalBatchedField,
     MultiModalFieldElem,
@@ -18,6 +18,8 @@ from vllm.multimodal.inputs import (  # noqa: E402
     MultiModalKwargsItem,
     MultiModalSharedField,
 )
+
+from tandem_vllm.items import item_from_vllm, item_to_vllm, tensor_to_numpy  # noqa: E402
 
 
 def _elem(data, field):
