@@ -50,6 +50,7 @@ from .items import (
     SharedLayout,
 )
 from .limits import DEFAULT_LIMITS, DecodeLimits
+from .lru import ByteBudgetLRU
 from .protocol import (
     ChoiceLogprobs,
     ErrorBody,
@@ -70,6 +71,7 @@ from .protocol import (
 
 __all__ = [
     "BatchedLayout",
+    "ByteBudgetLRU",
     "ChoiceLogprobs",
     "DEFAULT_LIMITS",
     "DecodeLimits",

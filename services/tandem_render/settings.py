@@ -1,0 +1,128 @@
+"""Render service settings: one frozen object, built from the command line or the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .media import MediaPolicy
+
+__all__ = ["RenderSettings", "SETTINGS_ENV"]
+
+SETTINGS_ENV = "TANDEM_RENDER_SETTINGS"
+"""Environment variable carrying the settings (JSON) from the launcher to worker processes."""
+
+# Per-request processor kwargs that only choose resolution or sampling of frames; anything else
+# could change what the engine computes or how much memory the processor takes.
+DEFAULT_MM_KWARGS_ALLOWLIST = ("min_pixels", "max_pixels", "fps", "num_frames")
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """Everything the render service is configured with."""
+
+    model: str
+    """Model folder or hub name (tokenizer, chat template and processor configs; no weights)."""
+
+    served_model_name: tuple[str, ...] = ()
+    """Names clients may use in ``model``; defaults to ``model``."""
+
+    tokenizer: str | None = None
+    """Tokenizer folder or name when it differs from ``model``."""
+
+    revision: str | None = None
+    """Model revision, for hub names."""
+
+    trust_remote_code: bool = False
+    """Allow model-provided processor code (only for models you trust)."""
+
+    max_model_len: int | None = None
+    """Context length; defaults to the model's."""
+
+    chat_template: str | None = None
+    """A chat template file or string overriding the model's."""
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Worker processes; rendering is CPU- and GIL-bound, so throughput grows with them."""
+
+    api_key: str | None = None
+    """When set, every route but /health needs ``Authorization: Bearer <key>``."""
+
+    log_level: str = "info"
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Largest request body accepted."""
+
+    max_images_per_prompt: int = 16
+    """Most images in one prompt (one chat conversation or one completion prompt)."""
+
+    max_videos_per_prompt: int = 1
+    """Most videos in one prompt."""
+
+    max_pending: int = 64
+    """Requests a worker holds at once (rendering or waiting) before answering 429."""
+
+    item_cache_bytes: int = 512 * 1024 * 1024
+    """Bytes of encoded items kept per worker, keyed by mm_hash (media + processor kwargs)."""
+
+    mm_processor_cache_gb: float = 1.0
+    """vLLM's processor-only cache per worker (processed items by mm_hash); 0 disables it."""
+
+    mm_processor_kwargs_allowlist: tuple[str, ...] = DEFAULT_MM_KWARGS_ALLOWLIST
+    """Keys a request may set in ``mm_processor_kwargs``."""
+
+    allowed_media_domains: tuple[str, ...] | None = None
+    """If set, http(s) media only from these domains (and their subdomains)."""
+
+    allow_private_networks: bool = False
+    """Let media URLs reach private, loopback and link-local addresses (development only)."""
+
+    allowed_private_hosts: tuple[str, ...] = ()
+    """Hosts or IPs exempt from the private-address block (e.g. an internal media store)."""
+
+    allowed_local_media_path: str | None = None
+    """A folder from which ``file://`` media may be read; ``file://`` is refused without it."""
+
+    media_fetch_timeout_s: float = 10.0
+    """Timeout of one remote media fetch, in seconds."""
+
+    max_media_bytes: int = 32 * 1024 * 1024
+    """Largest media object (encoded image or video), in bytes."""
+
+    max_image_pixels: int = 64 * 1024 * 1024
+    """Largest declared image (width x height), checked before decoding."""
+
+    def names(self) -> tuple[str, ...]:
+        return self.served_model_name or (self.model,)
+
+    def media_policy(self) -> MediaPolicy:
+        return MediaPolicy(
+            allowed_domains=self.allowed_media_domains,
+            allow_private_networks=self.allow_private_networks,
+            allowed_private_hosts=frozenset(self.allowed_private_hosts),
+            allowed_local_media_path=(
+                Path(self.allowed_local_media_path) if self.allowed_local_media_path else None
+            ),
+            fetch_timeout_s=self.media_fetch_timeout_s,
+            max_media_bytes=self.max_media_bytes,
+            max_image_pixels=self.max_image_pixels,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RenderSettings:
+        data: dict[str, Any] = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        for key, value in list(data.items()):
+            if key not in known:
+                raise ValueError(f"unknown render setting {key!r}")
+            if isinstance(value, list):
+                data[key] = tuple(value)
+        return cls(**data)

@@ -1,0 +1,234 @@
+"""vLLM's own render stack (chat template, tokenizer, HF processor, hashing) without an engine.
+
+The one module of the render service that drives vLLM: requests go through upstream's
+``ServingRender`` so token ids, hashes, placeholders and sampling parameters are exactly what
+``vllm launch render`` computes; only the feature serialization is ours.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import msgspec
+from vllm.config import VllmConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.models.protocol import BaseModelPath
+from vllm.entrypoints.openai.models.serving import OpenAIModelRegistry
+from vllm.entrypoints.scale_out.render.serving import ServingRender
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+    GenerateRequest as UpstreamGenerateRequest,
+)
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+    MultiModalFeatures as UpstreamFeatures,
+)
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.multimodal.media import ImageMediaIO
+from vllm.renderers import renderer_from_config
+from vllm.renderers.chat_utils import load_chat_template
+from vllm.renderers.online_renderer import OnlineRenderer
+
+from tandem_vllm.features import encode_vllm_item, features_from_engine_input
+from tandem_wire import GenerateRequest
+
+from .errors import BadRequest, InvalidImage, ModelNotFound, PromptTooLong, RenderError
+from .media_connector import prefetched_media, register_connector
+from .settings import RenderSettings
+
+__all__ = ["EngineRenderer", "ItemEncoder"]
+
+ItemEncoder = Callable[[str, Any], bytes]
+"""(mm_hash, vLLM kwargs item) -> encoded item bytes; lets the caller cache by hash."""
+
+_CAPTURED: contextvars.ContextVar[list[Any]] = contextvars.ContextVar("tandem_engine_inputs")
+_PROMPT_MEDIA: contextvars.ContextVar[Sequence[Mapping[str, list[Any]] | None] | None] = (
+    contextvars.ContextVar("tandem_prompt_media", default=None)
+)
+_CONTEXT_LENGTH = re.compile(r"context length", re.IGNORECASE)
+_EMPTY_FEATURES = UpstreamFeatures(mm_hashes={}, mm_placeholders={})
+
+
+class _CapturingServingRender(ServingRender):
+    """Upstream's render logic; keeps the engine inputs instead of base64-encoding features."""
+
+    def _extract_mm_features(self, engine_input: Any, *, mm_payload: Any = "tensors") -> Any:
+        _CAPTURED.get().append((engine_input, mm_payload))
+        return None if engine_input.get("type") != "multimodal" else _EMPTY_FEATURES
+
+
+class _MediaOnlineRenderer(OnlineRenderer):
+    """Adds images per completion prompt (token ids or text), which upstream lacks."""
+
+    async def render_completion(self, request: Any, *, skip_mm_cache: bool = False) -> Any:
+        media = _PROMPT_MEDIA.get()
+        if not media or all(m is None for m in media):
+            return await super().render_completion(request, skip_mm_cache=skip_mm_cache)
+        prompts: list[Any] = []
+        for prompt, mm in zip(_as_prompt_list(request.prompt), media, strict=True):
+            key = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+            prompts.append({key: prompt, "multi_modal_data": mm} if mm else {key: prompt})
+        return await self.preprocess_cmpl(request, prompts, skip_mm_cache=skip_mm_cache)
+
+
+def _as_prompt_list(prompt: Any) -> list[Any]:
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    return list(prompt or [])
+
+
+class EngineRenderer:
+    """Renders chat and completion requests into wire generate requests."""
+
+    def __init__(self, settings: RenderSettings) -> None:
+        # Every media URL vLLM sees is one we substituted; this connector serves their bytes.
+        os.environ["VLLM_MEDIA_CONNECTOR"] = register_connector()
+        names = list(settings.names())
+        engine_args = AsyncEngineArgs(
+            model=settings.model,
+            tokenizer=settings.tokenizer,
+            revision=settings.revision,
+            trust_remote_code=settings.trust_remote_code,
+            max_model_len=settings.max_model_len,
+            served_model_name=names,
+            limit_mm_per_prompt={
+                "image": settings.max_images_per_prompt,
+                "video": settings.max_videos_per_prompt,
+            },
+            mm_processor_cache_gb=settings.mm_processor_cache_gb,
+            enforce_eager=True,
+        )
+        model_config = engine_args.create_model_config()
+        model_config.quantization = None  # no weights are loaded here
+        vllm_config = VllmConfig(
+            model_config=model_config,
+            structured_outputs_config=engine_args.create_structured_outputs_config(),
+        )
+        self.online = _MediaOnlineRenderer(
+            model_config=model_config,
+            renderer=renderer_from_config(vllm_config),
+            request_logger=None,
+            chat_template=load_chat_template(settings.chat_template),
+            chat_template_content_format="auto",
+            trust_request_chat_template=False,
+            # Per-request processor kwargs are screened against an allowlist before this point.
+            trust_request_mm_kwargs=True,
+        )
+        self.online.warmup()
+        registry = OpenAIModelRegistry(
+            model_config=model_config,
+            base_model_paths=[BaseModelPath(name=n, model_path=settings.model) for n in names],
+        )
+        self.serving = _CapturingServingRender(registry, self.online)
+        self.model_config = model_config
+        self.max_model_len: int = model_config.max_model_len
+        self.vocab_size: int = len(self.online.renderer.get_tokenizer())
+        self.is_multimodal: bool = bool(model_config.is_multimodal_model)
+
+    def load_image(self, data: bytes) -> Any:
+        """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
+        try:
+            return ImageMediaIO().load_bytes(data)
+        except (ValueError, OSError) as exc:
+            raise InvalidImage(f"could not decode image: {str(exc)[:120]}") from None
+
+    def encode_item(self, item: Any) -> bytes:
+        return encode_vllm_item(item)
+
+    async def render_chat(
+        self, body: dict[str, Any], media: Mapping[str, bytes], encode: ItemEncoder
+    ) -> GenerateRequest[bytes]:
+        request = _validate(ChatCompletionRequest, body)
+        captured: list[Any] = []
+        token = _CAPTURED.set(captured)
+        try:
+            with prefetched_media(media):
+                result = await _call(self.serving.render_chat_request(request))
+        finally:
+            _CAPTURED.reset(token)
+        return self._to_wire(result, captured[0], encode)
+
+    async def render_completion(
+        self,
+        body: dict[str, Any],
+        prompt_media: Sequence[Mapping[str, list[Any]] | None] | None,
+        encode: ItemEncoder,
+    ) -> list[GenerateRequest[bytes]]:
+        request = _validate(CompletionRequest, body)
+        captured: list[Any] = []
+        tokens = (_CAPTURED.set(captured), _PROMPT_MEDIA.set(prompt_media))
+        try:
+            results = await _call(self.serving.render_completion_request(request))
+        finally:
+            _PROMPT_MEDIA.reset(tokens[1])
+            _CAPTURED.reset(tokens[0])
+        return [self._to_wire(r, c, encode) for r, c in zip(results, captured, strict=True)]
+
+    def _metadata_fields(self, modality: str) -> Collection[str]:
+        return self.serving._placeholder_metadata_fields(modality)
+
+    def _to_wire(
+        self, req: UpstreamGenerateRequest, captured: Any, encode: ItemEncoder
+    ) -> GenerateRequest[bytes]:
+        engine_input, mm_payload = captured
+        features = features_from_engine_input(
+            engine_input,
+            encode=encode,
+            metadata_fields_for=self._metadata_fields,
+            with_tensors=mm_payload == "tensors",
+        )
+        parser_kwargs = req.reasoning_parser_kwargs
+        return GenerateRequest(
+            request_id=req.request_id,
+            token_ids=req.token_ids,
+            features=features,
+            sampling_params=msgspec.to_builtins(req.sampling_params),
+            model=req.model,
+            stream=req.stream,
+            stream_options=(
+                req.stream_options.model_dump() if req.stream_options is not None else None
+            ),
+            cache_salt=req.cache_salt,
+            priority=req.priority,
+            token_offsets=req.token_offsets,
+            reasoning_ended=req.reasoning_ended,
+            reasoning_parser_kwargs=(
+                parser_kwargs.model_dump() if parser_kwargs is not None else None
+            ),
+        )
+
+
+def _validate(model: Any, body: dict[str, Any]) -> Any:
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise BadRequest(f"{where}: {first.get('msg', 'invalid request')}"[:300]) from None
+
+
+async def _call(awaitable: Any) -> Any:
+    """Run an upstream render call, turning its error values and input errors into ours."""
+    try:
+        result = await awaitable
+    except RenderError:
+        raise
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        message = str(exc)[:300] or type(exc).__name__
+        if _CONTEXT_LENGTH.search(message):
+            raise PromptTooLong(message) from None
+        raise BadRequest(message) from None
+    if isinstance(result, ErrorResponse):
+        err = result.error
+        if err.code == 404:
+            raise ModelNotFound(err.message[:300], param=err.param)
+        if _CONTEXT_LENGTH.search(err.message):
+            raise PromptTooLong(err.message[:300])
+        raise BadRequest(err.message[:300], param=err.param)
+    return result
