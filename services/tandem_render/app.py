@@ -1,0 +1,109 @@
+"""The render service's HTTP face: thin routes (decode -> call -> encode) over RenderService."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from tandem_http import (
+    MULTIPROC_ENV,
+    ApiKeyMiddleware,
+    RequestIdMiddleware,
+    install_error_handlers,
+    metrics_response,
+    negotiate,
+    read_body,
+)
+from tandem_wire import (
+    WireError,
+    decode_document,
+    encode_generate_request,
+    encode_generate_requests,
+)
+
+from .errors import RenderError
+from .media import MediaLoader
+from .metrics import RenderMetrics
+from .service import Renderer, RenderService
+from .settings import SETTINGS_ENV, RenderSettings
+
+__all__ = ["create_app", "app_from_env"]
+
+
+def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> FastAPI:
+    """Build the app. Without ``renderer``, vLLM's render stack is built at start-up (lifespan),
+    so a process that only imports this module does no work."""
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = RenderMetrics.create(registry)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine_renderer = renderer
+        if engine_renderer is None:
+            from .vllm_renderer import EngineRenderer
+
+            engine_renderer = EngineRenderer(settings)
+        loader = MediaLoader(settings.media_policy())
+        app.state.service = RenderService(settings, engine_renderer, loader, metrics)
+        try:
+            yield
+        finally:
+            await loader.aclose()
+
+    app = FastAPI(title="Tandem render", lifespan=lifespan, openapi_url=None)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))
+    app.add_middleware(RequestIdMiddleware)
+    install_error_handlers(app, (RenderError, WireError))
+
+    async def decoded_body(request: Request) -> tuple[Any, Any]:
+        body = await read_body(request, settings.max_body_bytes)
+        in_fmt, out_fmt = negotiate(request)
+        return decode_document(body, Any, in_fmt), out_fmt  # type: ignore[arg-type]
+
+    def respond(data: bytes, out_fmt: Any) -> Response:
+        metrics.bytes_out.labels(out_fmt.name.lower()).inc(len(data))
+        return Response(data, media_type=out_fmt.content_type)
+
+    @app.post("/v1/chat/completions/render")
+    async def render_chat(request: Request) -> Response:
+        doc, out_fmt = await decoded_body(request)
+        result = await request.app.state.service.render_chat(doc)
+        return respond(encode_generate_request(result, out_fmt), out_fmt)
+
+    @app.post("/v1/completions/render")
+    async def render_completion(request: Request) -> Response:
+        doc, out_fmt = await decoded_body(request)
+        results = await request.app.state.service.render_completion(doc)
+        return respond(encode_generate_requests(results, out_fmt), out_fmt)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        max_len = request.app.state.service.renderer.max_model_len
+        data = [
+            {"id": name, "object": "model", "owned_by": "tandem", "max_model_len": max_len}
+            for name in settings.names()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        if os.environ.get(MULTIPROC_ENV):
+            return metrics_response()  # every worker's values, from their files
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory for worker processes: settings come from ``TANDEM_RENDER_SETTINGS``."""
+    return create_app(RenderSettings.from_json(os.environ[SETTINGS_ENV]))
