@@ -16,6 +16,7 @@ from tandem_http import (
     ApiKeyMiddleware,
     RequestIdMiddleware,
     install_error_handlers,
+    mark_process_dead,
     metrics_response,
     negotiate,
     read_body,
@@ -55,6 +56,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
             yield
         finally:
             await loader.aclose()
+            mark_process_dead(os.getpid())  # this worker's live gauges stop counting
 
     app = FastAPI(title="Tandem render", lifespan=lifespan, openapi_url=None)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))

@@ -18,7 +18,6 @@ __all__ = [
     "MediaNotFound",
     "InvalidImage",
     "ImageTooLarge",
-    "BodyTooLarge",
     "Overloaded",
 ]
 
@@ -129,13 +128,6 @@ class ImageTooLarge(MediaError):
 
     status_code = 413
     type = "image_too_large"
-
-
-class BodyTooLarge(RenderError):
-    """The request body exceeds the configured size."""
-
-    status_code = 413
-    type = "payload_too_large"
 
 
 class Overloaded(RenderError):

@@ -12,12 +12,11 @@ from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 from vllm.multimodal.media.connector import global_thread_pool
 
 from .errors import InvalidImage, MediaSchemeNotAllowed
+from .prepare import MEDIA_URL_PREFIX
 
-__all__ = ["CONNECTOR_NAME", "MEDIA_URL_PREFIX", "register_connector", "prefetched_media"]
+__all__ = ["CONNECTOR_NAME", "register_connector", "prefetched_media"]
 
 CONNECTOR_NAME = "tandem-prefetched"
-MEDIA_URL_PREFIX = "tandem-media:"
-"""URLs the request walker substitutes for each media part; they name prefetched bytes."""
 
 _M = TypeVar("_M")
 _MEDIA: contextvars.ContextVar[Mapping[str, bytes]] = contextvars.ContextVar("tandem_media")

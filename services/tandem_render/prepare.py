@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import BadRequest, TokenOutOfVocabulary, TooManyItems
-from .media_connector import MEDIA_URL_PREFIX
 
 __all__ = [
+    "MEDIA_URL_PREFIX",
     "MediaRef",
     "PreparedChat",
     "PreparedCompletion",
@@ -22,6 +22,9 @@ __all__ = [
     "prepare_chat",
     "prepare_completion",
 ]
+
+MEDIA_URL_PREFIX = "tandem-media:"
+"""The URL scheme of the tokens that replace media parts; they name prefetched bytes."""
 
 # Content parts passed through untouched. Everything else is refused: e.g. "image_embeds"
 # would make vLLM torch.load() caller bytes, and "image_pil" is for in-process callers only.

@@ -28,6 +28,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     MultiModalFeatures as UpstreamFeatures,
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.exceptions import VLLMClientError
 from vllm.multimodal.media import ImageMediaIO
 from vllm.renderers import renderer_from_config
 from vllm.renderers.chat_utils import load_chat_template
@@ -219,8 +220,14 @@ async def _call(awaitable: Any) -> Any:
         result = await awaitable
     except RenderError:
         raise
-    except (ValueError, TypeError, NotImplementedError) as exc:
-        message = str(exc)[:300] or type(exc).__name__
+    except AssertionError as exc:
+        # vLLM's processor asserts on prompts whose placeholders do not match their media
+        # (e.g. fewer image tokens than images); for us that is the caller's input.
+        message = str(exc)[:200] or "prompt and media do not match"
+        raise BadRequest(f"the prompt does not match its media: {message}") from None
+    except (VLLMClientError, ValueError, TypeError, NotImplementedError) as exc:
+        # The message alone: vLLM appends the offending value to str(exc).
+        message = str(exc.args[0] if exc.args else type(exc).__name__)[:300]
         if _CONTEXT_LENGTH.search(message):
             raise PromptTooLong(message) from None
         raise BadRequest(message) from None

@@ -1,0 +1,37 @@
+"""tandem_http: HTTP plumbing shared by the render and generate services (no vLLM, no torch)."""
+
+from .auth import ApiKeyMiddleware
+from .body import BodyTooLarge, negotiate, read_body, wire_response
+from .errors import HTTPErrorLike, error_body, error_response, install_error_handlers
+from .metrics import (
+    MULTIPROC_ENV,
+    InFlight,
+    mark_process_dead,
+    metrics_registry,
+    metrics_response,
+    prepare_multiprocess_dir,
+)
+from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
+from .server import run_server
+
+__all__ = [
+    "MULTIPROC_ENV",
+    "REQUEST_ID_HEADER",
+    "ApiKeyMiddleware",
+    "BodyTooLarge",
+    "HTTPErrorLike",
+    "InFlight",
+    "RequestIdMiddleware",
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+    "mark_process_dead",
+    "metrics_registry",
+    "metrics_response",
+    "negotiate",
+    "prepare_multiprocess_dir",
+    "read_body",
+    "request_id_of",
+    "run_server",
+    "wire_response",
+]

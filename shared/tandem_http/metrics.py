@@ -1,0 +1,109 @@
+"""Prometheus metrics that add up across uvicorn worker processes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Gauge,
+    generate_latest,
+    multiprocess,
+)
+from starlette.responses import Response
+
+__all__ = [
+    "MULTIPROC_ENV",
+    "InFlight",
+    "mark_process_dead",
+    "metrics_registry",
+    "metrics_response",
+    "prepare_multiprocess_dir",
+]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client's switch: when set, every process writes its values to files there."""
+
+
+def metrics_registry() -> CollectorRegistry:
+    """The registry to expose: all workers' files in multiprocess mode, else the default one."""
+    if os.environ.get(MULTIPROC_ENV):
+        # A fresh registry per scrape, as prometheus_client documents: the collector reads the
+        # files of every process (live or dead) at collection time.
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+def metrics_response() -> Response:
+    """The ``GET /metrics`` answer: Prometheus text exposition of metrics_registry()."""
+    return Response(generate_latest(metrics_registry()), media_type=CONTENT_TYPE_LATEST)
+
+
+def prepare_multiprocess_dir(path: Path | None = None) -> Path:
+    """Create (or empty) the multiprocess metrics folder and set PROMETHEUS_MULTIPROC_DIR.
+
+    Call it in the parent process BEFORE any worker starts and before anything in the parent
+    creates a metric: prometheus_client picks its file-backed value class when it is first
+    imported in a process, from this variable. ``None`` means the folder the variable already
+    names, or a new temporary folder. Stale ``*.db`` files of an earlier run are deleted, or
+    their counts would be added to this run's.
+    """
+    if path is None:
+        current = os.environ.get(MULTIPROC_ENV)
+        path = Path(current) if current else Path(tempfile.mkdtemp(prefix="tandem-metrics-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)
+    return path
+
+
+def mark_process_dead(pid: int) -> None:
+    """Drop a gone worker's live gauges (``livesum``...); call from a worker-exit hook or at a
+    worker's own shutdown. No-op outside multiprocess mode."""
+    if os.environ.get(MULTIPROC_ENV):
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+class InFlight:
+    """Counts requests in progress: ``with in_flight: ...`` raises a gauge, then lowers it.
+
+    The gauge sums live processes (``livesum``) so it reads as queue depth across workers;
+    ``current`` is this process's own count, e.g. for admission control. Create it in the app
+    factory (one per process), never at import.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        registry: CollectorRegistry | None = REGISTRY,
+    ) -> None:
+        self.gauge = Gauge(name, documentation, registry=registry, multiprocess_mode="livesum")
+        self._current = 0
+
+    @property
+    def current(self) -> int:
+        """Requests in progress in this process."""
+        return self._current
+
+    def __enter__(self) -> InFlight:
+        self._current += 1
+        self.gauge.inc()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._current -= 1
+        self.gauge.dec()

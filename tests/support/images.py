@@ -1,0 +1,37 @@
+"""Test images: deterministic PNG/JPEG bytes and data URLs."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+from PIL import Image
+
+
+def png_bytes(width: int = 224, height: int = 224, seed: int = 0, noise: bool = True) -> bytes:
+    """A PNG of random noise (seeded) or a solid colour chosen by the seed."""
+    rng = np.random.default_rng(seed)
+    if noise:
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    else:
+        pixels = np.full((height, width, 3), rng.integers(0, 256, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_url(data: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64," + base64.b64encode(data).decode("ascii")
+
+
+def chat_body(model: str, images: list[str | bytes], text: str = "Describe.", **extra):
+    """An OpenAI chat request with the images (URLs, or raw bytes as image_bytes parts)."""
+    parts = []
+    for img in images:
+        if isinstance(img, bytes):
+            parts.append({"type": "image_bytes", "image_bytes": img})
+        else:
+            parts.append({"type": "image_url", "image_url": {"url": img}})
+    parts.append({"type": "text", "text": text})
+    return {"model": model, "messages": [{"role": "user", "content": parts}], **extra}

@@ -1,0 +1,76 @@
+"""Start real servers as processes on 127.0.0.1 free ports; wait on /health; always stop them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A server started as a child process; its output goes to a log file printed on failure."""
+
+    def __init__(self, name: str, args: list[str], port: int, env: dict[str, str] | None = None):
+        self.name = name
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = Path(tempfile.mkstemp(prefix=f"tandem-{name}-", suffix=".log")[1])
+        self._log_file = self.log.open("wb")
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its workers are stopped with it
+        )
+
+    def log_text(self, tail: int = 8000) -> str:
+        return self.log.read_text(errors="replace")[-tail:]
+
+    def wait_healthy(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited ({self.proc.returncode}):\n{self.log_text()}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"{self.name} not healthy after {timeout}s:\n{self.log_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+        self._log_file.close()
+        if self.proc.returncode not in (0, -signal.SIGTERM, None):
+            print(f"--- {self.name} log ---\n{self.log_text()}", file=sys.stderr)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

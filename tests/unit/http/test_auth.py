@@ -1,0 +1,97 @@
+"""ApiKeyMiddleware: Bearer key on every request but the open paths; off without a key."""
+
+from __future__ import annotations
+
+import httpx
+import msgspec
+import pytest
+from fastapi import FastAPI
+
+from tandem_http import ApiKeyMiddleware, RequestIdMiddleware, install_error_handlers
+
+pytestmark = pytest.mark.anyio
+
+KEY = "s3cret-key"
+
+
+def make_app(api_key: str | None) -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app, ())
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/work")
+    async def work() -> dict[str, str]:
+        return {"done": "yes"}
+
+    app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def client(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+@pytest.mark.parametrize("api_key", [None, ""])
+async def test_no_key_configured_is_open(api_key: str | None) -> None:
+    async with client(make_app(api_key)) as c:
+        r = await c.get("/work")
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong", f"Basic {KEY}", f"Bearer {KEY}x", "Bearer", f"{KEY}"],
+    ids=["missing", "wrong-key", "wrong-scheme", "longer-key", "no-token", "no-scheme"],
+)
+async def test_refused_without_the_right_key(authorization: str | None) -> None:
+    headers = {"x-request-id": "auth-1"}
+    if authorization is not None:
+        headers["authorization"] = authorization
+    async with client(make_app(KEY)) as c:
+        r = await c.get("/work", headers=headers)
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert r.headers["content-type"] == "application/json"
+    assert r.headers["x-request-id"] == "auth-1"
+    assert KEY not in r.text
+    assert r.json() == {
+        "error": {
+            "type": "unauthorized",
+            "message": "missing or invalid API key",
+            "code": 401,
+            "request_id": "auth-1",
+        }
+    }
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer"])
+async def test_right_key_passes(scheme: str) -> None:
+    async with client(make_app(KEY)) as c:
+        r = await c.get("/work", headers={"authorization": f"{scheme} {KEY}"})
+    assert r.status_code == 200
+    assert r.json() == {"done": "yes"}
+
+
+async def test_health_is_open() -> None:
+    async with client(make_app(KEY)) as c:
+        r = await c.get("/health")
+    assert r.status_code == 200
+
+
+async def test_refusal_honours_accept() -> None:
+    async with client(make_app(KEY)) as c:
+        r = await c.get("/work", headers={"accept": "application/vnd.msgpack"})
+    assert r.status_code == 401
+    assert r.headers["content-type"] == "application/vnd.msgpack"
+    assert msgspec.msgpack.decode(r.content)["error"]["type"] == "unauthorized"
+
+
+async def test_unknown_paths_are_refused_too() -> None:
+    # Unauthenticated callers learn nothing about which routes exist.
+    async with client(make_app(KEY)) as c:
+        r = await c.get("/nowhere")
+    assert r.status_code == 401

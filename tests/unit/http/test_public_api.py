@@ -1,0 +1,43 @@
+"""tandem_http's public names are pinned, and importing it pulls in no engine or service."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import tandem_http
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(tandem_http.__all__) == sorted(
+        [
+            "MULTIPROC_ENV",
+            "REQUEST_ID_HEADER",
+            "ApiKeyMiddleware",
+            "BodyTooLarge",
+            "HTTPErrorLike",
+            "InFlight",
+            "RequestIdMiddleware",
+            "error_body",
+            "error_response",
+            "install_error_handlers",
+            "mark_process_dead",
+            "metrics_registry",
+            "metrics_response",
+            "negotiate",
+            "prepare_multiprocess_dir",
+            "read_body",
+            "request_id_of",
+            "run_server",
+            "wire_response",
+        ]
+    )
+    for name in tandem_http.__all__:
+        assert hasattr(tandem_http, name), name
+
+
+def test_imports_no_vllm_torch_or_service() -> None:
+    code = "import sys, tandem_http; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    roots = {m.split(".")[0] for m in out.stdout.split()}
+    assert not roots & {"vllm", "torch", "transformers", "tandem_render", "tandem_generate"}

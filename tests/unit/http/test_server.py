@@ -1,0 +1,122 @@
+"""run_server: two uvicorn workers from a factory, shared metrics, clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from tandem_http import MULTIPROC_ENV
+
+ROOT = Path(__file__).resolve().parents[3]
+
+_LAUNCH = """
+import sys
+from tandem_http import run_server
+run_server(
+    "tests.unit.http.factory_app:create",
+    host="127.0.0.1",
+    port=int(sys.argv[1]),
+    workers=2,
+    env={"TANDEM_HTTP_TEST_GREETING": "hi"},
+    log_level="info",
+)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], base: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=base, timeout=2.0) as c:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited early with code {proc.returncode}")
+            try:
+                if c.get("/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+    raise AssertionError(f"server not healthy within {timeout} s")
+
+
+def test_two_workers_serve_and_stop_on_sigterm(tmp_path: Path) -> None:
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
+    # mkdtemp inside the server lands here, so the test can see it cleaned up.
+    env["TMPDIR"] = str(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    ok = False
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCH, str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(proc, base)
+        # A new connection per request, so that both workers get a share of them (the second
+        # worker may still be starting when the first answers /health).
+        pids: set[int] = set()
+        hellos = 0
+        while len(pids) < 2 and hellos < 300:
+            if hellos:
+                time.sleep(0.05)
+            with httpx.Client(base_url=base, timeout=10.0) as c:
+                r = c.get("/hello")
+            assert r.status_code == 200
+            assert r.json()["greeting"] == "hi"
+            assert r.headers["x-request-id"]
+            pids.add(r.json()["pid"])
+            hellos += 1
+        assert len(pids) == 2
+        with httpx.Client(base_url=base, timeout=10.0) as c:
+            missing = c.get("/nope")
+            assert missing.status_code == 404
+            assert missing.json()["error"]["type"] == "not_found"
+            # Whichever worker answers, the counter is the sum over both.
+            metrics = c.get("/metrics").text
+            assert f"tandem_http_test_hellos_total {float(hellos)}" in metrics
+        assert list(tmp_path.glob("tandem-metrics-*")) != []
+
+        # Graceful shutdown: a request in flight when SIGTERM arrives still gets its answer.
+        marker = tmp_path / "in-flight"
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(httpx.get, f"{base}/slow", params={"marker": str(marker)})
+            for _ in range(300):
+                if marker.exists() or slow.done():
+                    break
+                time.sleep(0.05)
+            assert marker.exists()
+            proc.send_signal(signal.SIGTERM)
+            answer = slow.result(timeout=30)
+        assert answer.status_code == 200
+        assert answer.json() == {"slow": "done"}
+        assert proc.wait(timeout=30) == 0
+        assert list(tmp_path.glob("tandem-metrics-*")) == []
+        ok = True
+    finally:
+        # The whole group: workers must not outlive a parent that failed to stop them.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        if not ok:
+            print(log_path.read_text(errors="replace"))

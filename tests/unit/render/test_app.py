@@ -1,0 +1,304 @@
+"""The render app in-process, on the real vLLM processor of the tiny Qwen2-VL model."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from tandem_render.app import create_app
+from tandem_render.settings import RenderSettings
+from tandem_wire import WireFormat, decode_generate_request, decode_generate_requests, decode_item
+
+from ...support.images import chat_body, data_url, png_bytes
+from .conftest import app_client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
+
+IMAGE_PAD = 1022
+MSGPACK = "application/vnd.msgpack"
+
+
+@pytest.fixture
+def settings(qwen2_dir):
+    return RenderSettings(model=qwen2_dir, max_images_per_prompt=4, max_body_bytes=4_000_000)
+
+
+@pytest.fixture
+def app(settings, qwen2_renderer):
+    return create_app(settings, renderer=qwen2_renderer)
+
+
+async def render(client, body, *, binary=False, path="/v1/chat/completions/render"):
+    if binary:
+        r = await client.post(
+            path,
+            content=msgspec.msgpack.encode(body),
+            headers={"content-type": MSGPACK, "accept": MSGPACK},
+        )
+    else:
+        r = await client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    fmt = WireFormat.MSGPACK if binary else WireFormat.JSON
+    if path.startswith("/v1/completions"):
+        return decode_generate_requests(r.content, fmt)
+    return decode_generate_request(r.content, fmt)
+
+
+async def test_chat_with_one_image(app, qwen2_dir):
+    async with app_client(app) as c:
+        req = await render(c, chat_body(qwen2_dir, [data_url(png_bytes())], max_tokens=7))
+    feats = req.features
+    (ph,) = feats.mm_placeholders["image"]
+    assert req.token_ids[ph.offset : ph.offset + ph.length] == [IMAGE_PAD] * ph.length
+    assert req.token_ids.count(IMAGE_PAD) == ph.length == 64
+    (h,) = feats.mm_hashes["image"]
+    assert len(h) == 64 and int(h, 16) >= 0
+    item = decode_item(feats.kwargs_data["image"][0])
+    grid = item["image_grid_thw"].data.tolist()
+    assert grid == [1, 16, 16] and grid[0] * grid[1] * grid[2] // 4 == ph.length
+    assert item["pixel_values"].data.dtype.name == "uint8"  # vLLM 0.32 ships raw patches
+    assert req.sampling_params["max_tokens"] == 7
+    assert req.request_id.startswith("chatcmpl-")
+
+
+async def test_three_images_raw_bytes_and_urls_share_hashes(app, qwen2_dir):
+    a, b = png_bytes(seed=1), png_bytes(seed=2)
+    async with app_client(app) as c:
+        req = await render(c, chat_body(qwen2_dir, [data_url(a), b, a]), binary=True)
+    hashes = req.features.mm_hashes["image"]
+    assert hashes[0] == hashes[2] != hashes[1]
+    ranges = req.features.mm_placeholders["image"]
+    assert [r.offset for r in ranges] == sorted(r.offset for r in ranges)
+    assert all(isinstance(e, memoryview) for e in req.features.kwargs_data["image"])
+    assert bytes(req.features.kwargs_data["image"][0]) == bytes(
+        req.features.kwargs_data["image"][2]
+    )
+
+
+async def test_json_and_binary_bodies_carry_the_same_document(app, qwen2_dir):
+    body = chat_body(qwen2_dir, [data_url(png_bytes(seed=3))])
+    async with app_client(app) as c:
+        j = await render(c, body)
+        m = await render(c, body, binary=True)
+    assert j.token_ids == m.token_ids
+    assert j.features.mm_hashes == m.features.mm_hashes
+    assert bytes(j.features.kwargs_data["image"][0]) == bytes(m.features.kwargs_data["image"][0])
+
+
+async def test_repeated_image_hits_the_item_cache(app, qwen2_dir):
+    body = chat_body(qwen2_dir, [data_url(png_bytes(seed=4))])
+    async with app_client(app) as c:
+        await render(c, body)
+        await render(c, body)
+        metrics = (await c.get("/metrics")).text
+    assert "tandem_render_item_cache_hits_total 1.0" in metrics
+
+
+async def test_mm_processor_kwargs_change_resolution_and_hash(app, qwen2_dir):
+    img = data_url(png_bytes(448, 448, seed=5))
+    async with app_client(app) as c:
+        big = await render(c, chat_body(qwen2_dir, [img]))
+        small = await render(
+            c, chat_body(qwen2_dir, [img], mm_processor_kwargs={"max_pixels": 224 * 224})
+        )
+    assert big.features.mm_placeholders["image"][0].length == 256
+    assert small.features.mm_placeholders["image"][0].length == 64
+    assert big.features.mm_hashes != small.features.mm_hashes
+
+
+async def test_completion_token_ids_are_never_retokenized(app, qwen2_dir):
+    ids = [1017, 359, 1019, IMAGE_PAD, 1020, 40, 41, 1019, IMAGE_PAD, 1020, 42]
+    img = png_bytes(seed=6)
+    body = {"model": qwen2_dir, "prompt": [ids, [5, 6, 7]], "images": [[img, img], None]}
+    async with app_client(app) as c:
+        first, second = await render(c, body, path="/v1/completions/render", binary=True)
+    n = first.features.mm_placeholders["image"][0].length
+    expected = ids[:3] + [IMAGE_PAD] * n + ids[4:8] + [IMAGE_PAD] * n + ids[9:]
+    assert first.token_ids == expected
+    assert second.token_ids == [5, 6, 7] and second.features is None
+
+
+async def test_completion_text_prompts(app, qwen2_dir):
+    body = {"model": qwen2_dir, "prompt": ["hello there", "the quick brown fox"], "max_tokens": 3}
+    async with app_client(app) as c:
+        reqs = await render(c, body, path="/v1/completions/render")
+    assert len(reqs) == 2 and all(r.features is None for r in reqs)
+    assert reqs[0].request_id.endswith("-0") and reqs[1].sampling_params["max_tokens"] == 3
+
+
+async def test_models_health_metrics(app, qwen2_dir):
+    async with app_client(app) as c:
+        models = (await c.get("/v1/models")).json()
+        assert models["data"][0]["id"] == qwen2_dir
+        assert (await c.get("/health")).json() == {"status": "ok"}
+        assert "tandem_render_pending" in (await c.get("/metrics")).text
+
+
+async def test_api_key_on_every_route_but_health(settings, qwen2_renderer, qwen2_dir):
+    from dataclasses import replace
+
+    app = create_app(replace(settings, api_key="sekrit"), renderer=qwen2_renderer)
+    async with app_client(app) as c:
+        assert (await c.get("/health")).status_code == 200
+        for path in ("/v1/models", "/metrics"):
+            assert (await c.get(path)).status_code == 401
+        r = await c.post("/v1/chat/completions/render", json=chat_body(qwen2_dir, []))
+        assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
+        ok = await c.get("/v1/models", headers={"authorization": "Bearer sekrit"})
+        assert ok.status_code == 200
+
+
+def _bomb_png() -> bytes:
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    ihdr = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b""))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _bad_cases(model):
+    ok_img = data_url(png_bytes(seed=9))
+    return [
+        ("malformed json", b"{not json", None, 400, "malformed_body"),
+        ("malformed msgpack", b"\xc1\xc1", MSGPACK, 400, "malformed_body"),
+        ("not an object", b"[1, 2]", None, 400, "invalid_request"),
+        ("unknown content type", b"x", "text/xml", 400, "invalid_request"),
+        ("unknown model", chat_body("nope", [ok_img]), None, 404, "model_not_found"),
+        (
+            "private url",
+            chat_body(model, ["http://10.0.0.1/a.png"]),
+            None,
+            403,
+            "media_url_forbidden",
+        ),
+        (
+            "metadata url",
+            chat_body(model, ["http://169.254.169.254/latest"]),
+            None,
+            403,
+            "media_url_forbidden",
+        ),
+        (
+            "loopback url",
+            chat_body(model, ["http://127.0.0.1:1/a.png"]),
+            None,
+            403,
+            "media_url_forbidden",
+        ),
+        (
+            "ftp scheme",
+            chat_body(model, ["ftp://example.com/a.png"]),
+            None,
+            400,
+            "media_scheme_not_allowed",
+        ),
+        (
+            "file scheme",
+            chat_body(model, ["file:///etc/passwd"]),
+            None,
+            400,
+            "media_scheme_not_allowed",
+        ),
+        ("not an image", chat_body(model, [data_url(b"hello world")]), None, 400, "invalid_image"),
+        ("bad base64", chat_body(model, ["data:image/png;base64,@@@"]), None, 400, "invalid_image"),
+        (
+            "decompression bomb",
+            chat_body(model, [data_url(_bomb_png())]),
+            None,
+            413,
+            "image_too_large",
+        ),
+        ("too many images", chat_body(model, [ok_img] * 5), None, 400, "too_many_items"),
+        ("oversized body", b'{"x": "' + b"a" * 4_100_000 + b'"}', None, 413, "payload_too_large"),
+        (
+            "image embeds",
+            {
+                "model": model,
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_embeds", "image_embeds": "AAAA"}]}
+                ],
+            },
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            "caller uuid",
+            {
+                "model": model,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": ok_img}, "uuid": "x"}
+                        ],
+                    }
+                ],
+            },
+            None,
+            400,
+            "invalid_request",
+        ),
+        ("missing messages", {"model": model}, None, 400, "invalid_request"),
+        (
+            "wrong field type",
+            {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"},
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            "image pad count mismatch",
+            {"model": model, "prompt": [1, 2], "images": [[ok_img]]},
+            "completion",
+            400,
+            "invalid_request",
+        ),
+        (
+            "token out of vocabulary",
+            {"model": model, "prompt": [1, 99999]},
+            "completion",
+            400,
+            "token_out_of_vocabulary",
+        ),
+        (
+            "prompt longer than context",
+            {"model": model, "prompt": [5] * 5000},
+            "completion",
+            400,
+            "prompt_too_long",
+        ),
+    ]
+
+
+async def test_bad_input_gets_typed_4xx_and_the_service_keeps_serving(app, qwen2_dir):
+    async with app_client(app) as c:
+        for name, body, kind, status, type_ in _bad_cases(qwen2_dir):
+            path = (
+                "/v1/completions/render" if kind == "completion" else "/v1/chat/completions/render"
+            )
+            headers = {"content-type": kind} if kind not in (None, "completion") else {}
+            if isinstance(body, dict):
+                content = (
+                    msgspec.msgpack.encode(body) if kind == MSGPACK else json.dumps(body).encode()
+                )
+            else:
+                content = body
+            r = await c.post(path, content=content, headers=headers)
+            err = r.json()["error"]
+            assert (r.status_code, err["type"]) == (status, type_), (name, r.text)
+            assert "Traceback" not in r.text and len(err["message"]) < 400, name
+        assert (await c.get("/health")).status_code == 200
+        await render(c, chat_body(qwen2_dir, [data_url(png_bytes(seed=10))]))

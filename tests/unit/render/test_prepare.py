@@ -1,0 +1,146 @@
+"""Request screening: media parts pulled out, unsupported parts and kwargs refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem_render.errors import BadRequest, TokenOutOfVocabulary, TooManyItems
+from tandem_render.prepare import RequestLimits, prepare_chat, prepare_completion
+
+LIMITS = RequestLimits(
+    max_images=2,
+    max_videos=1,
+    mm_kwargs_allowlist=frozenset({"min_pixels", "max_pixels"}),
+    max_image_pixels=1_000_000,
+)
+
+
+def chat(*parts, **extra):
+    return {"messages": [{"role": "user", "content": list(parts)}], **extra}
+
+
+def test_media_urls_are_replaced_by_tokens():
+    body = chat(
+        {"type": "text", "text": "hi"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        {"type": "image_bytes", "image_bytes": b"\x89PNG"},
+    )
+    prepared = prepare_chat(body, LIMITS)
+    parts = prepared.body["messages"][0]["content"]
+    assert parts[0] == {"type": "text", "text": "hi"}
+    assert parts[1]["image_url"]["url"] == prepared.media[0].token
+    assert parts[2] == {"type": "image_url", "image_url": {"url": prepared.media[1].token}}
+    assert prepared.media[0].url == "https://example.com/a.png"
+    assert prepared.media[1].data == b"\x89PNG"
+    assert body["messages"][0]["content"][1]["image_url"]["url"].startswith("https")  # untouched
+
+
+def test_string_content_and_string_image_url():
+    body = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "image_url", "image_url": "data:x"}]},
+        ]
+    }
+    prepared = prepare_chat(body, LIMITS)
+    assert prepared.body["messages"][0]["content"] == "be brief"
+    assert prepared.media[0].url == "data:x"
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_embeds", "image_embeds": "AAAA"},
+        {"type": "image_pil", "image_pil": None},
+        {"type": "input_audio", "input_audio": {}},
+        {"type": "image_url", "image_url": {"url": "data:x"}, "uuid": "mine"},
+        {"type": "image_url", "image_url": {}},
+        {"type": "image_bytes", "image_bytes": "not bytes"},
+        "plain string part is fine",
+    ],
+)
+def test_unsupported_parts(part):
+    if isinstance(part, str):
+        prepare_chat(chat(part), LIMITS)
+        return
+    with pytest.raises(BadRequest):
+        prepare_chat(chat(part), LIMITS)
+
+
+def test_image_and_video_limits():
+    img = {"type": "image_url", "image_url": {"url": "data:x"}}
+    vid = {"type": "video_url", "video_url": {"url": "data:v"}}
+    prepare_chat(chat(img, img, vid), LIMITS)
+    with pytest.raises(TooManyItems):
+        prepare_chat(chat(img, img, img), LIMITS)
+    with pytest.raises(TooManyItems):
+        prepare_chat(chat(vid, vid), LIMITS)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"do_resize": False},
+        {"max_pixels": -1},
+        {"max_pixels": 10**12},
+        {"min_pixels": "many"},
+        {"min_pixels": True},
+        "not a dict",
+    ],
+)
+def test_mm_processor_kwargs_screened(kwargs):
+    with pytest.raises(BadRequest):
+        prepare_chat(chat({"type": "text", "text": "x"}, mm_processor_kwargs=kwargs), LIMITS)
+
+
+def test_allowed_mm_processor_kwargs_pass():
+    prepare_chat(
+        chat({"type": "text", "text": "x"}, mm_processor_kwargs={"max_pixels": 50176}), LIMITS
+    )
+
+
+def test_media_io_kwargs_refused():
+    with pytest.raises(BadRequest):
+        prepare_chat(chat({"type": "text", "text": "x"}, media_io_kwargs={"image": {}}), LIMITS)
+
+
+@pytest.mark.parametrize("body", [[], "x", {"messages": []}, {"messages": [3]}])
+def test_malformed_chat(body):
+    with pytest.raises(BadRequest):
+        prepare_chat(body, LIMITS)
+
+
+def test_completion_token_ids_checked_against_vocabulary():
+    prepare_completion({"prompt": [1, 2, 3]}, LIMITS, vocab_size=10)
+    for bad in ([1, 10], [-1], [[1], [2, 99]]):
+        with pytest.raises(TokenOutOfVocabulary):
+            prepare_completion({"prompt": bad}, LIMITS, vocab_size=10)
+
+
+def test_completion_images_per_prompt():
+    prepared = prepare_completion(
+        {"prompt": [[1, 2], [3]], "images": [["data:a", b"raw"], None]}, LIMITS, vocab_size=10
+    )
+    assert "images" not in prepared.body
+    assert [r.url or r.data for r in prepared.images[0]] == ["data:a", b"raw"]
+    assert prepared.images[1] is None
+
+
+@pytest.mark.parametrize(
+    "images",
+    [["data:a"], [["data:a"], None, None], [3, None], "x"],
+)
+def test_completion_images_must_parallel_prompts(images):
+    with pytest.raises(BadRequest):
+        prepare_completion({"prompt": [[1], [2]], "images": images}, LIMITS, vocab_size=10)
+
+
+def test_completion_too_many_images_in_one_prompt():
+    with pytest.raises(TooManyItems):
+        prepare_completion({"prompt": [1], "images": [["a", "b", "c"]]}, LIMITS, vocab_size=10)
+
+
+@pytest.mark.parametrize("prompt", [None, [], {}, [[]], [1.5], [1, True]])
+def test_completion_bad_prompts(prompt):
+    with pytest.raises(BadRequest):
+        prepare_completion({"prompt": prompt}, LIMITS, vocab_size=10)
