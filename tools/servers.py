@@ -1,4 +1,4 @@
-"""Start real servers as processes on 127.0.0.1 free ports; wait on /health; always stop them."""
+"""Run servers as child processes on 127.0.0.1 free ports for tests and benchmarks."""
 
 from __future__ import annotations
 
