@@ -15,7 +15,11 @@ export TANDEM_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup models test test-unit test-slow lint format bench-wire clean
+MODEL ?=
+RENDER_PORT ?= 8100
+RENDER_WORKERS ?=
+
+.PHONY: help setup models test test-unit test-slow lint format bench-wire bench-render run-render clean
 
 help:
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
@@ -24,6 +28,8 @@ help:
 	@echo "make lint        ruff + mypy"
 	@echo "make models      build the tiny test models into .cache/models"
 	@echo "make bench-wire  wire codec throughput: ours (JSON, binary) vs vLLM's serde vs memcpy"
+	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
+	@echo "make run-render  serve render on 127.0.0.1:$(RENDER_PORT) (MODEL=... or the tiny Qwen2-VL)"
 
 # The stamp records the inputs of the last successful set-up; tools/setup_env.py is idempotent
 # and re-runs only when pyproject.toml or itself changed.
@@ -56,6 +62,14 @@ test-slow: $(STAMP)
 
 bench-wire: $(STAMP)
 	$(PY) -m tools.bench_wire
+
+bench-render: $(STAMP)
+	$(PY) -m tools.bench_render
+
+# Without MODEL, the tiny Qwen2-VL test model is built (seconds) and served.
+run-render: $(STAMP)
+	$(PY) -m tandem_render --model "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}" \
+		--port $(RENDER_PORT) $(if $(RENDER_WORKERS),--workers $(RENDER_WORKERS))
 
 clean:
 	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache
