@@ -35,3 +35,24 @@ def chat_body(model: str, images: list[str | bytes], text: str = "Describe.", **
             parts.append({"type": "image_url", "image_url": {"url": img}})
     parts.append({"type": "text", "text": text})
     return {"model": model, "messages": [{"role": "user", "content": parts}], **extra}
+
+
+def mp4_bytes(frames: int = 8, size: int = 112, fps: int = 4, seed: int = 0) -> bytes:
+    """A short noise video (mp4v), written with OpenCV through a temporary file."""
+    import os
+    import tempfile
+
+    import cv2
+
+    fd, path = tempfile.mkstemp(suffix=".mp4")
+    os.close(fd)
+    try:
+        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, (size, size))
+        rng = np.random.default_rng(seed)
+        for _ in range(frames):
+            writer.write(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+        writer.release()
+        with open(path, "rb") as f:
+            return f.read()
+    finally:
+        os.unlink(path)

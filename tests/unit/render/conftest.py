@@ -36,3 +36,11 @@ async def app_client(app, **kwargs) -> AsyncIterator[httpx.AsyncClient]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://render", **kwargs) as c:
             yield c
+
+
+@pytest.fixture(scope="session")
+def qwen3_renderer():
+    from tandem_render.settings import RenderSettings
+    from tandem_render.vllm_renderer import EngineRenderer
+
+    return EngineRenderer(RenderSettings(model=str(ensure_model("qwen3-vl"))))
