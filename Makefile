@@ -3,7 +3,6 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.tandem-setup
 
 # Offline and CPU-engine settings for everything run from here (../shared/docs/running-vllm-here.md).
 export HF_HUB_OFFLINE ?= 1
@@ -31,43 +30,40 @@ help:
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make run-render  serve render on 127.0.0.1:$(RENDER_PORT) (MODEL=... or the tiny Qwen2-VL)"
 
-# The stamp records the inputs of the last successful set-up; tools/setup_env.py is idempotent
-# and re-runs only when pyproject.toml or itself changed.
-$(STAMP): pyproject.toml tools/setup_env.py
-	$(PYTHON) tools/setup_env.py --venv $(VENV)
-
+# Every target goes through setup: tools/setup_env.py is idempotent and returns at once when the
+# venv's stamp matches pyproject.toml, the script itself and the list of packages.
 setup:
 	$(PYTHON) tools/setup_env.py --venv $(VENV)
 
-models: $(STAMP)
+models: setup
 	$(PY) -m tools.tiny_models
 
-lint: $(STAMP)
+lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-format: $(STAMP)
+format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) lint
+test: lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-unit: $(STAMP)
+test-unit: setup
 	$(PY) -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
 
-test-slow: $(STAMP)
+test-slow: setup
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
-bench-wire: $(STAMP)
+bench-wire: setup
 	$(PY) -m tools.bench_wire
 
-bench-render: $(STAMP)
+bench-render: setup
 	$(PY) -m tools.bench_render
 
 # Without MODEL, the tiny Qwen2-VL test model is built (seconds) and served.
-run-render: $(STAMP)
+run-render: setup
 	$(PY) -m tandem_render --model "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}" \
 		--port $(RENDER_PORT) $(if $(RENDER_WORKERS),--workers $(RENDER_WORKERS))
 

@@ -46,6 +46,9 @@ def stamp_digest(build: str) -> str:
     h = hashlib.sha256(build.encode())
     for name in STAMP_INPUTS:
         h.update((ROOT / name).read_bytes())
+    # The editable install maps the packages that exist when it runs: a new one needs a rerun.
+    for pkg in sorted(p.name for d in ("shared", "services") for p in (ROOT / d).glob("tandem_*")):
+        h.update(pkg.encode())
     return h.hexdigest()
 
 

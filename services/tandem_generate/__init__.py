@@ -1,0 +1,1 @@
+"""tandem_generate: token-in/token-out generate service feeding pre-rendered features to vLLM."""

@@ -1,0 +1,64 @@
+"""``python -m tandem_generate --model DIR [vLLM engine options] [--host H --port P ...]``"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import uvicorn
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from .app import create_app
+from .engine import Engine
+from .settings import GenerateSettings
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
+    parser = FlexibleArgumentParser(prog="python -m tandem_generate", description=__doc__)
+    ours = parser.add_argument_group("tandem generate")
+    ours.add_argument("--host", default="127.0.0.1")
+    ours.add_argument("--port", type=int, default=8200)
+    ours.add_argument("--api-key")
+    ours.add_argument("--log-level", default="info")
+    ours.add_argument("--max-body-bytes", type=int, default=GenerateSettings.max_body_bytes)
+    ours.add_argument(
+        "--max-items-per-prompt", type=int, default=GenerateSettings.max_items_per_prompt
+    )
+    ours.add_argument("--max-pending", type=int, default=GenerateSettings.max_pending)
+    ours.add_argument("--item-cache-bytes", type=int, default=GenerateSettings.item_cache_bytes)
+    parser = AsyncEngineArgs.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    names = tuple(engine_args.served_model_name or [engine_args.model])
+    if isinstance(engine_args.served_model_name, str):
+        names = (engine_args.served_model_name,)
+    settings = GenerateSettings(
+        served_model_names=names,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        log_level=args.log_level,
+        max_body_bytes=args.max_body_bytes,
+        max_items_per_prompt=args.max_items_per_prompt,
+        max_pending=args.max_pending,
+        item_cache_bytes=args.item_cache_bytes,
+    )
+    return settings, engine_args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings, engine_args = parse_args(argv)
+    app = create_app(settings, lambda: Engine(engine_args))
+    # One process: the engine lives here; vLLM's engine core runs in its own child process.
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=30,
+        proxy_headers=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

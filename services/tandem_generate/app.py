@@ -1,0 +1,109 @@
+"""The generate service's HTTP face: thin routes (decode -> call -> encode) over GenerateService."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from tandem_http import (
+    MULTIPROC_ENV,
+    ApiKeyMiddleware,
+    RequestIdMiddleware,
+    install_error_handlers,
+    metrics_response,
+    negotiate,
+    read_body,
+    wire_response,
+)
+from tandem_wire import DecodeLimits, WireError, decode_generate_request
+
+from .engine import Engine
+from .errors import EngineNotReady, GenerateError
+from .metrics import GenerateMetrics
+from .serving import GenerateService
+from .settings import GenerateSettings
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    settings: GenerateSettings,
+    engine_factory: Callable[[], Engine],
+    *,
+    shutdown_engine: bool = True,
+) -> FastAPI:
+    """Build the app; the engine is made by ``engine_factory`` at start-up (lifespan), so health
+    answers only once the engine is ready. Tests pass a factory returning a shared engine."""
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = GenerateMetrics.create(registry)
+    limits = DecodeLimits(max_body_bytes=settings.max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = engine_factory()
+        app.state.service = GenerateService(settings, engine, metrics)
+        try:
+            yield
+        finally:
+            if shutdown_engine:
+                engine.shutdown()
+
+    app = FastAPI(title="Tandem generate", lifespan=lifespan, openapi_url=None)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))
+    app.add_middleware(RequestIdMiddleware)
+    install_error_handlers(app, (GenerateError, WireError))
+
+    def service(request: Request) -> GenerateService:
+        return request.app.state.service  # type: ignore[no-any-return]
+
+    @app.post("/inference/v1/generate")
+    async def generate(request: Request) -> Response:
+        body = await read_body(request, settings.max_body_bytes)
+        in_fmt, out_fmt = negotiate(request)
+        metrics.bytes_in.labels(in_fmt.name.lower()).inc(len(body))
+        req = decode_generate_request(body, in_fmt, limits)
+        # Items are scoped per tenant; cache_salt is what separates tenants (as for the
+        # engine's prefix cache), so one tenant's hashes never resolve to another's items.
+        tenant = req.cache_salt or ""
+        svc = service(request)
+        if req.stream:
+            return StreamingResponse(
+                svc.stream(req, tenant, out_fmt), media_type="text/event-stream"
+            )
+        result = await svc.generate(req, tenant, request.is_disconnected)
+        if result is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return wire_response(result, out_fmt)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        engine = service(request).engine
+        if engine.errored:
+            raise EngineNotReady("the engine has failed")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        max_len = service(request).engine.max_model_len
+        data = [
+            {"id": n, "object": "model", "owned_by": "tandem", "max_model_len": max_len}
+            for n in settings.served_model_names
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request) -> Response:
+        return JSONResponse({"reset": await service(request).engine.reset_prefix_cache()})
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        if os.environ.get(MULTIPROC_ENV):
+            return metrics_response()
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,139 @@
+"""vLLM's async engine in this process: build it, probe the model, run requests.
+
+The one module of the generate service that drives vLLM's engine. Requests arrive as
+``MultiModalInput``s carrying already-processed items, so vLLM's input processor skips the HF
+processor entirely on this path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import mm_input
+from vllm.multimodal.inputs import MultiModalKwargsItems, PlaceholderRange
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from tandem_vllm.items import item_from_vllm, placeholder_from_vllm
+
+from .model_spec import ModelSpec, modality_spec
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("tandem.generate")
+
+
+class Engine:
+    """One vLLM AsyncLLM plus the facts about its model that validation needs."""
+
+    def __init__(self, engine_args: AsyncEngineArgs) -> None:
+        self.llm = AsyncLLM.from_engine_args(
+            engine_args, usage_context=UsageContext.OPENAI_API_SERVER
+        )
+        self.vllm_config = self.llm.vllm_config
+        mc = self.vllm_config.model_config
+        self.model_config = mc
+        self.max_model_len: int = mc.max_model_len
+        self.vocab_size: int = mc.get_vocab_size()
+        self.max_num_seqs: int = self.vllm_config.scheduler_config.max_num_seqs
+        self.max_logprobs: int = mc.max_logprobs
+        self.spec = probe_model(mc) if mc.is_multimodal_model else ModelSpec()
+
+    def generate(
+        self,
+        token_ids: list[int],
+        items: dict[str, list[Any]],
+        hashes: dict[str, list[str]],
+        placeholders: dict[str, list[tuple[int, int, np.ndarray | None]]],
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        reasoning_ended: bool | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        if items:
+            import torch
+
+            ranges = {
+                m: [
+                    PlaceholderRange(
+                        offset=o, length=n, is_embed=None if e is None else torch.from_numpy(e)
+                    )
+                    for o, n, e in rs
+                ]
+                for m, rs in placeholders.items()
+            }
+            prompt: Any = mm_input(
+                prompt_token_ids=token_ids,
+                mm_kwargs=MultiModalKwargsItems(items),
+                mm_hashes=hashes,
+                mm_placeholders=ranges,
+                cache_salt=cache_salt,
+            )
+        else:
+            prompt = {"type": "token", "prompt_token_ids": token_ids}
+            if cache_salt is not None:
+                prompt["cache_salt"] = cache_salt
+        return self.llm.generate(
+            prompt,
+            sampling_params,
+            request_id,
+            priority=priority,
+            reasoning_ended=reasoning_ended,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        await self.llm.abort(request_id)
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(await self.llm.reset_prefix_cache())
+
+    async def check_health(self) -> None:
+        await self.llm.check_health()
+
+    @property
+    def errored(self) -> bool:
+        return bool(self.llm.errored)
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+
+
+def probe_model(model_config: Any) -> ModelSpec:
+    """Run vLLM's processor on synthetic media once, to learn what items look like."""
+    from PIL import Image
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+    proc = MULTIMODAL_REGISTRY.create_processor(model_config)
+    tok = proc.info.get_tokenizer()
+    samples: dict[str, Any] = {
+        "image": Image.fromarray(np.full((64, 96, 3), 128, np.uint8)),
+        "video": np.full((4, 64, 64, 3), 128, np.uint8),
+    }
+    spec = ModelSpec()
+    for modality, sample in samples.items():
+        try:
+            content = [{"type": modality}, {"type": "text", "text": "x"}]
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+            )
+            ids = tok.encode(text, add_special_tokens=False)
+            out = proc.apply(
+                ProcessorInputs(ids, proc.info.parse_mm_data({modality: [sample]})),
+                TimingContext(enabled=False),
+            )
+        except Exception as exc:  # a modality the model does not take
+            log.info("model takes no %s input (%s)", modality, type(exc).__name__)
+            continue
+        item = item_from_vllm(out["mm_kwargs"][modality][0])
+        ranges = [placeholder_from_vllm(p) for p in out["mm_placeholders"][modality]]
+        spec.modalities[modality] = modality_spec(item, list(out["prompt_token_ids"]), ranges)
+    return spec

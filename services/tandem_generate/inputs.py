@@ -1,0 +1,242 @@
+"""Wire features -> engine inputs: decode, check against the model, cache, and name items.
+
+An item's identity towards the engine (its encoder-cache and prefix-cache key) is a hash of its
+bytes and the tenant, never the caller's ``mm_hash`` alone: reusing someone's hash with other
+pixels yields another identity, so nobody can poison another request's caches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import blake3
+import numpy as np
+
+from tandem_vllm.items import item_to_vllm
+from tandem_wire import (
+    ByteBudgetLRU,
+    DecodeLimits,
+    FieldElem,
+    FlatLayout,
+    GenerateRequest,
+    ItemBytes,
+    KwargsItem,
+    PlaceholderRange,
+    decode_item,
+)
+
+from .errors import CacheMiss, InvalidItem, InvalidPlaceholders, TokenOutOfVocabulary, TooManyItems
+from .model_spec import ModalitySpec, ModelSpec, layout_kind
+
+__all__ = ["EngineInputs", "InputBuilder", "ItemStore", "StoredItem"]
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    content_id: str
+    """Hex blake3 of tenant and item bytes: the ``mm_hash`` the engine sees."""
+    item: Any
+    """The vLLM ``MultiModalKwargsItem``."""
+    wire: KwargsItem
+    nbytes: int
+
+
+class ItemStore:
+    """Decoded items by (tenant, caller's mm_hash), bounded in bytes, for null kwargs entries."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.lru = ByteBudgetLRU[tuple[str, str], StoredItem](budget_bytes, lambda s: s.nbytes)
+
+    def get(self, tenant: str, mm_hash: str) -> StoredItem | None:
+        return self.lru.get((tenant, mm_hash))
+
+    def put(self, tenant: str, mm_hash: str, stored: StoredItem) -> None:
+        self.lru.put((tenant, mm_hash), stored)
+
+
+@dataclass
+class EngineInputs:
+    token_ids: list[int]
+    items: dict[str, list[Any]]
+    hashes: dict[str, list[str]]
+    placeholders: dict[str, list[tuple[int, int, np.ndarray | None]]]
+    cache_hits: int = 0
+
+
+def content_id(tenant: str, data: ItemBytes) -> str:
+    h = blake3.blake3(tenant.encode("utf-8"))
+    h.update(b"\x00")
+    h.update(data)
+    return h.hexdigest()
+
+
+class InputBuilder:
+    """Checks one request's tokens and features and turns them into engine inputs."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        store: ItemStore,
+        *,
+        vocab_size: int,
+        max_items: int,
+        limits: DecodeLimits,
+    ) -> None:
+        self.spec = spec
+        self.store = store
+        self.vocab_size = vocab_size
+        self.max_items = max_items
+        self.limits = limits
+
+    def build(self, req: GenerateRequest[ItemBytes | None], tenant: str) -> EngineInputs:
+        ids = req.token_ids
+        if max(ids) >= self.vocab_size:
+            bad = next(t for t in ids if t >= self.vocab_size)
+            raise TokenOutOfVocabulary(
+                f"token id {bad} is outside the vocabulary (size {self.vocab_size})",
+                param="token_ids",
+            )
+        feats = req.features
+        out = EngineInputs(token_ids=list(ids), items={}, hashes={}, placeholders={})
+        if feats is None:
+            return out
+        n_items = sum(len(h) for h in feats.mm_hashes.values())
+        if n_items > self.max_items:
+            raise TooManyItems(f"{n_items} items in one prompt; the limit is {self.max_items}")
+        missing: dict[str, list[str]] = {}
+        for modality, hashes in feats.mm_hashes.items():
+            mspec = self.spec.modalities.get(modality)
+            if mspec is None:
+                raise InvalidItem(f"this model takes no {modality[:32]!r} input")
+            entries = (feats.kwargs_data or {}).get(modality) or [None] * len(hashes)
+            stored_items = []
+            for mm_hash, entry in zip(hashes, entries, strict=True):
+                if entry is None:
+                    stored = self.store.get(tenant, mm_hash)
+                    if stored is None:
+                        missing.setdefault(modality, []).append(mm_hash)
+                        continue
+                    out.cache_hits += 1
+                else:
+                    stored = self._decode(entry, mspec, tenant, modality)
+                    self.store.put(tenant, mm_hash, stored)
+                stored_items.append(stored)
+            if modality in missing:
+                continue
+            out.items[modality] = [s.item for s in stored_items]
+            out.hashes[modality] = [s.content_id for s in stored_items]
+            out.placeholders[modality] = [
+                self._check_range(ids, p, s.wire, mspec, modality)
+                for p, s in zip(feats.mm_placeholders[modality], stored_items, strict=True)
+            ]
+        if missing:
+            count = sum(len(v) for v in missing.values())
+            raise CacheMiss(
+                f"{count} item(s) sent as null are not held by this node; resend their data",
+                details={"missing": missing},
+            )
+        return out
+
+    def _decode(
+        self, entry: ItemBytes, spec: ModalitySpec, tenant: str, modality: str
+    ) -> StoredItem:
+        wire = decode_item(entry, self.limits)
+        wire = rebind(wire, spec, modality)
+        data = memoryview(entry)
+        return StoredItem(
+            content_id=content_id(tenant, data),
+            item=item_to_vllm(wire),
+            wire=wire,
+            nbytes=data.nbytes,
+        )
+
+    def _check_range(
+        self,
+        ids: list[int],
+        p: PlaceholderRange,
+        wire: KwargsItem,
+        spec: ModalitySpec,
+        modality: str,
+    ) -> tuple[int, int, np.ndarray | None]:
+        window = np.asarray(ids[p.offset : p.offset + p.length])
+        mask = window == spec.placeholder_token
+        if p.is_embed is not None and not np.array_equal(mask, np.asarray(p.is_embed, bool)):
+            raise InvalidPlaceholders(
+                f"{modality} range at {p.offset}: is_embed disagrees with the prompt's tokens"
+            )
+        n_embed = int(mask.sum())
+        if n_embed == 0:
+            raise InvalidPlaceholders(
+                f"{modality} range at {p.offset} holds no {modality} placeholder token"
+            )
+        expected = expected_embeds(wire, spec)
+        if expected is not None and expected != n_embed:
+            raise InvalidPlaceholders(
+                f"{modality} range at {p.offset} has {n_embed} placeholder tokens but the "
+                f"item's grid needs {expected}"
+            )
+        # Computed from the tokens rather than trusted: upstream render does not send it.
+        return p.offset, p.length, None if bool(mask.all()) else mask
+
+
+def expected_embeds(wire: KwargsItem, spec: ModalitySpec) -> int | None:
+    if spec.grid_key is None or spec.grid_cells_per_token is None:
+        return None
+    grid = wire[spec.grid_key].data
+    return int(math.prod(int(x) for x in np.asarray(grid).reshape(-1))) // spec.grid_cells_per_token
+
+
+def rebind(wire: KwargsItem, spec: ModalitySpec, modality: str) -> KwargsItem:
+    """The item with the layouts this model declares; refuses keys, dtypes and shapes it
+    does not produce, and tensor sizes that disagree with the item's grid."""
+    if set(wire) != spec.keys:
+        missing, extra = sorted(spec.keys - set(wire)), sorted(set(wire) - spec.keys)
+        raise InvalidItem(
+            f"{modality} item keys differ from this model's: missing {missing[:8]}, "
+            f"unexpected {[k[:40] for k in extra[:8]]}"
+        )
+    cells = None
+    if spec.grid_key is not None:
+        grid = wire[spec.grid_key].data
+        if not isinstance(grid, np.ndarray) or grid.size == 0 or (grid <= 0).any():
+            raise InvalidItem(f"{modality} item grid is malformed")
+        cells = int(math.prod(int(x) for x in grid.reshape(-1)))
+    out: KwargsItem = dict(wire)  # non-tensor fields pass as they are
+    for key, fspec in spec.fields.items():
+        data = wire[key].data
+        if not isinstance(data, np.ndarray):
+            raise InvalidItem(f"{modality}.{key} must be a tensor")
+        if data.dtype != fspec.dtype or data.ndim != len(fspec.shape):
+            raise InvalidItem(
+                f"{modality}.{key} is {data.dtype}{list(data.shape)}; this model takes "
+                f"{fspec.dtype} with {len(fspec.shape)} dimensions"
+            )
+        if layout_kind(wire[key].layout) is not fspec.kind:
+            raise InvalidItem(f"{modality}.{key} has a layout this model does not use")
+        if fspec.kind is FlatLayout:
+            d = fspec.flat_dim
+            if data.shape[:d] + data.shape[d + 1 :] != fspec.shape[:d] + fspec.shape[d + 1 :]:
+                raise InvalidItem(f"{modality}.{key} has shape {list(data.shape)}")
+            if (
+                fspec.rows_per_cell
+                and cells is not None
+                and data.shape[d] != cells * fspec.rows_per_cell
+            ):
+                raise InvalidItem(f"{modality}.{key} size disagrees with the item's grid")
+            layout: Any = FlatLayout(
+                slices=(slice(0, data.shape[d]),), dim=d, keep_on_cpu=fspec.keep_on_cpu
+            )
+        else:
+            if data.shape != fspec.shape and fspec.kind is not FlatLayout and key == spec.grid_key:
+                raise InvalidItem(f"{modality}.{key} has shape {list(data.shape)}")
+            layout = type(wire[key].layout)(
+                **{**_layout_kwargs(wire[key].layout), "keep_on_cpu": fspec.keep_on_cpu}
+            )
+        out[key] = FieldElem(data=data, layout=layout)
+    return out
+
+
+def _layout_kwargs(layout: Any) -> dict[str, Any]:
+    return {name: getattr(layout, name) for name in layout.__slots__}

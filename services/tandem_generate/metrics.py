@@ -1,0 +1,60 @@
+"""Prometheus metrics of the generate service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["GenerateMetrics"]
+
+
+@dataclass(frozen=True)
+class GenerateMetrics:
+    requests: Counter
+    latency: Histogram
+    pending: Gauge
+    rejected: Counter
+    generated_tokens: Counter
+    item_cache_hits: Counter
+    bytes_in: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> GenerateMetrics:
+        return cls(
+            requests=Counter(
+                "tandem_generate_requests",
+                "Generate requests by outcome",
+                ["outcome"],
+                registry=registry,
+            ),
+            latency=Histogram(
+                "tandem_generate_latency_seconds",
+                "Time from admission to the last token",
+                registry=registry,
+                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            ),
+            pending=Gauge(
+                "tandem_generate_pending",
+                "Requests admitted and not finished",
+                registry=registry,
+                multiprocess_mode="livesum",
+            ),
+            rejected=Counter(
+                "tandem_generate_rejected", "Requests refused with 429", registry=registry
+            ),
+            generated_tokens=Counter(
+                "tandem_generate_tokens", "Tokens generated", registry=registry
+            ),
+            item_cache_hits=Counter(
+                "tandem_generate_item_cache_hits",
+                "Null kwargs entries served from the cache",
+                registry=registry,
+            ),
+            bytes_in=Counter(
+                "tandem_generate_request_bytes",
+                "Request body bytes",
+                ["format"],
+                registry=registry,
+            ),
+        )

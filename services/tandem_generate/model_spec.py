@@ -1,0 +1,99 @@
+"""What this model's processor produces, learned once at start-up (never on the request path).
+
+A synthetic image (and video, where supported) goes through vLLM's processor when the service
+starts; the items it yields fix, per modality, the keys, dtypes, ranks and field layouts a
+caller's item must have, the placeholder token, and how a grid maps to a token count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tandem_wire import BatchedLayout, FieldLayout, FlatLayout, SharedLayout
+
+__all__ = ["FieldSpec", "ModalitySpec", "ModelSpec"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One key of an item as the processor declares it."""
+
+    kind: type[FieldLayout]
+    keep_on_cpu: bool
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    flat_dim: int = 0
+    rows_per_cell: int | None = None
+    """For a flat field of a grid model: rows along ``flat_dim`` per grid cell (patches)."""
+
+
+@dataclass(frozen=True)
+class ModalitySpec:
+    """What items of one modality look like for this model."""
+
+    fields: dict[str, FieldSpec]
+    """The tensor-valued keys."""
+    keys: frozenset[str]
+    """Every key of the item, tensor-valued or not."""
+    placeholder_token: int
+    grid_key: str | None = None
+    """A ``*_grid_thw``-style key whose product over ``tokens_per_grid_cell`` is the number of
+    embedding tokens (Qwen-VL family); None when the model has no such key."""
+    grid_cells_per_token: int | None = None
+
+
+@dataclass
+class ModelSpec:
+    """Per modality specs, plus what the prompt side needs."""
+
+    modalities: dict[str, ModalitySpec] = field(default_factory=dict)
+
+
+def layout_kind(layout: Any) -> type[FieldLayout]:
+    for kind in (BatchedLayout, FlatLayout, SharedLayout):
+        if isinstance(layout, kind):
+            return kind
+    raise TypeError(f"unknown layout {type(layout).__name__}")
+
+
+def modality_spec(
+    wire_item: dict[str, Any], token_ids: list[int], ranges: list[Any]
+) -> ModalitySpec:
+    """Derive the spec from one processed item, its prompt and its placeholder range."""
+    fields = {}
+    for key, elem in wire_item.items():
+        data = elem.data
+        if not isinstance(data, np.ndarray):
+            continue
+        fields[key] = FieldSpec(
+            kind=layout_kind(elem.layout),
+            keep_on_cpu=elem.layout.keep_on_cpu,
+            dtype=data.dtype,
+            shape=tuple(data.shape),
+            flat_dim=elem.layout.dim if isinstance(elem.layout, FlatLayout) else 0,
+        )
+    (rng,) = ranges
+    window = token_ids[rng.offset : rng.offset + rng.length]
+    mask = rng.is_embed if rng.is_embed is not None else [True] * rng.length
+    embed_tokens = [t for t, m in zip(window, mask, strict=True) if m]
+    placeholder = embed_tokens[0]
+    grid_key = next((k for k in fields if k.endswith("grid_thw")), None)
+    per_token = None
+    if grid_key is not None:
+        cells = int(math.prod(int(x) for x in wire_item[grid_key].data.reshape(-1)))
+        per_token = cells // len(embed_tokens) if cells % len(embed_tokens) == 0 else None
+        for key, f in fields.items():
+            rows = f.shape[f.flat_dim] if f.kind is FlatLayout and f.shape else 0
+            if rows and rows % cells == 0:
+                fields[key] = replace(f, rows_per_cell=rows // cells)
+    return ModalitySpec(
+        fields=fields,
+        keys=frozenset(wire_item),
+        placeholder_token=placeholder,
+        grid_key=grid_key if per_token else None,
+        grid_cells_per_token=per_token,
+    )

@@ -1,0 +1,144 @@
+"""Engine outputs -> wire responses and stream chunks (token ids and integer-keyed logprobs)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tandem_wire import (
+    ChoiceLogprobs,
+    GenerateChoice,
+    GenerateResponse,
+    GenerateStreamChoice,
+    GenerateStreamResponse,
+    PromptLogprob,
+    TokenLogprob,
+    TokenLogprobContent,
+    UsageInfo,
+)
+
+__all__ = [
+    "clamp",
+    "choice_logprobs",
+    "prompt_logprobs",
+    "full_response",
+    "stream_choice",
+    "usage_chunk",
+]
+
+FLOOR = -9999.0
+"""What -inf and NaN logprobs are sent as (the OpenAI shapes' floor, as upstream does)."""
+
+
+def clamp(logprob: float) -> float:
+    return FLOOR if math.isnan(logprob) else max(logprob, FLOOR)
+
+
+def choice_logprobs(
+    token_ids: Sequence[int], steps: Sequence[Mapping[int, Any] | None], top_n: int
+) -> ChoiceLogprobs:
+    """Per generated token: its logprob and the top ``top_n`` candidates in engine order
+    (sampled token first, then by rank). A rank of 0 (NaN logprob) is no rank: sent as null."""
+    content = []
+    for token_id, step in zip(token_ids, steps, strict=False):
+        sampled = None if step is None else step.get(token_id)
+        if sampled is None:
+            content.append(TokenLogprobContent(token_id=token_id, logprob=FLOOR))
+            continue
+        top = [
+            TokenLogprob(token_id=t, logprob=clamp(lp.logprob), rank=lp.rank or None)
+            for i, (t, lp) in enumerate(step.items())
+            if top_n == -1 or i < max(top_n, 1)
+        ]
+        content.append(
+            TokenLogprobContent(
+                token_id=token_id,
+                logprob=clamp(sampled.logprob),
+                rank=sampled.rank or None,
+                top_logprobs=top,
+            )
+        )
+    return ChoiceLogprobs(content=content)
+
+
+def prompt_logprobs(
+    steps: Sequence[Mapping[int, Any] | None] | None,
+) -> list[dict[str, PromptLogprob] | None] | None:
+    if steps is None:
+        return None
+    return [
+        None
+        if step is None
+        else {
+            str(t): PromptLogprob(logprob=clamp(lp.logprob), rank=lp.rank) for t, lp in step.items()
+        }
+        for step in steps
+    ]
+
+
+def full_response(
+    result: Any,
+    *,
+    request_id: str,
+    model: str,
+    top_n: int | None,
+    echo_prompt: bool,
+    placeholders: Any = None,
+) -> GenerateResponse:
+    """The non-streaming answer for a finished ``RequestOutput``."""
+    choices = []
+    generated = 0
+    for out in result.outputs:
+        ids = list(out.token_ids)
+        generated += len(ids)
+        choices.append(
+            GenerateChoice(
+                index=out.index,
+                token_ids=ids,
+                logprobs=None if top_n is None else choice_logprobs(ids, out.logprobs or [], top_n),
+                finish_reason=out.finish_reason or "stop",
+                stop_reason=out.stop_reason,
+            )
+        )
+    n_prompt = len(result.prompt_token_ids or [])
+    return GenerateResponse(
+        request_id=request_id,
+        choices=choices,
+        model=model,
+        created=int(time.time()),
+        usage=UsageInfo(
+            prompt_tokens=n_prompt, completion_tokens=generated, total_tokens=n_prompt + generated
+        ),
+        prompt_logprobs=prompt_logprobs(result.prompt_logprobs),
+        prompt_token_ids=list(result.prompt_token_ids) if echo_prompt else None,
+        mm_placeholders=placeholders if echo_prompt else None,
+        kv_transfer_params=result.kv_transfer_params,
+    )
+
+
+def stream_choice(out: Any, top_n: int | None) -> GenerateStreamChoice:
+    """The new tokens of one sample in a DELTA ``RequestOutput``."""
+    ids = list(out.token_ids)
+    return GenerateStreamChoice(
+        index=out.index,
+        token_ids=ids,
+        logprobs=None if top_n is None else choice_logprobs(ids, out.logprobs or [], top_n),
+        finish_reason=out.finish_reason,
+        stop_reason=out.stop_reason,
+    )
+
+
+def usage_chunk(
+    request_id: str, prompt_tokens: int, completion_tokens: int
+) -> GenerateStreamResponse:
+    return GenerateStreamResponse(
+        request_id=request_id,
+        choices=[],
+        usage=UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        ),
+    )

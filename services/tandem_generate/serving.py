@@ -1,0 +1,197 @@
+"""The generate service's logic, independent of HTTP: check, admit, run, shape the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from tandem_wire import (
+    DecodeLimits,
+    GenerateRequest,
+    GenerateResponse,
+    ItemBytes,
+    WireFormat,
+    encode_document,
+)
+
+from .engine import Engine
+from .errors import BadRequest, EngineNotReady, ModelNotFound, Overloaded, PromptTooLong
+from .inputs import InputBuilder, ItemStore
+from .metrics import GenerateMetrics
+from .outputs import full_response, stream_choice, usage_chunk
+from .sampling import build_sampling_params
+from .settings import GenerateSettings
+
+__all__ = ["GenerateService"]
+
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+class GenerateService:
+    """Feeds checked, pre-rendered requests to the engine; one per process."""
+
+    def __init__(
+        self, settings: GenerateSettings, engine: Engine, metrics: GenerateMetrics
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.metrics = metrics
+        self.items = ItemStore(settings.item_cache_bytes)
+        self.builder = InputBuilder(
+            engine.spec,
+            self.items,
+            vocab_size=engine.vocab_size,
+            max_items=settings.max_items_per_prompt,
+            limits=DecodeLimits(max_body_bytes=settings.max_body_bytes),
+        )
+        self.pending = 0
+
+    def _prepare(
+        self, req: GenerateRequest[ItemBytes | None], tenant: str
+    ) -> tuple[Any, Any, int | None]:
+        if req.model is not None and req.model not in self.settings.served_model_names:
+            raise ModelNotFound(f"model {req.model[:80]!r} is not served here", param="model")
+        if req.output_mode != "tokens":
+            raise BadRequest("only output_mode 'tokens' is served here", param="output_mode")
+        if req.content_parts:
+            raise BadRequest("content_parts are not accepted: render first", param="content_parts")
+        if req.kv_transfer_params or req.ec_transfer_params:
+            raise BadRequest("kv/ec transfer parameters are not supported by this server")
+        if self.engine.errored:
+            raise EngineNotReady("the engine has failed; the server must be restarted")
+        params = build_sampling_params(
+            req.sampling_params,
+            stream=bool(req.stream),
+            max_n=self.engine.max_num_seqs,
+            max_logprobs=self.engine.max_logprobs,
+        )
+        room = self.engine.max_model_len - len(req.token_ids)
+        if "max_tokens" not in req.sampling_params or params.max_tokens is None:
+            params.max_tokens = room
+        if room <= 0 or params.max_tokens > room:
+            raise PromptTooLong(
+                f"{len(req.token_ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
+                f"context of {self.engine.max_model_len}",
+                param="sampling_params.max_tokens",
+            )
+        inputs = self.builder.build(req, tenant)
+        self.metrics.item_cache_hits.inc(inputs.cache_hits)
+        return params, inputs, params.logprobs
+
+    def _admit(self) -> None:
+        if self.pending >= self.settings.max_pending:
+            self.metrics.rejected.inc()
+            raise Overloaded(f"more than {self.settings.max_pending} requests pending; retry")
+        self.pending += 1
+        self.metrics.pending.inc()
+
+    def _release(self) -> None:
+        self.pending -= 1
+        self.metrics.pending.dec()
+
+    def _start(self, req: GenerateRequest[Any], params: Any, inputs: Any) -> AsyncIterator[Any]:
+        return self.engine.generate(
+            inputs.token_ids,
+            inputs.items,
+            inputs.hashes,
+            inputs.placeholders,
+            params,
+            req.request_id,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
+            reasoning_ended=req.reasoning_ended,
+        )
+
+    async def generate(
+        self, req: GenerateRequest[ItemBytes | None], tenant: str, disconnected: Disconnected
+    ) -> GenerateResponse | None:
+        """Run to completion; None if the client went away (the engine request is aborted)."""
+        params, inputs, top_n = self._prepare(req, tenant)
+        self._admit()
+        start = time.perf_counter()
+        try:
+            task = asyncio.ensure_future(_last(self._start(req, params, inputs)))
+            while not task.done():
+                done, _ = await asyncio.wait({task}, timeout=self.settings.disconnect_poll_s)
+                if not done and await disconnected():
+                    task.cancel()  # vLLM aborts the request when its generator is cancelled
+                    await self.engine.abort(req.request_id)
+                    self.metrics.requests.labels("aborted").inc()
+                    return None
+            result = task.result()
+        finally:
+            self._release()
+        self.metrics.requests.labels("ok").inc()
+        self.metrics.latency.observe(time.perf_counter() - start)
+        self.metrics.generated_tokens.inc(sum(len(o.token_ids) for o in result.outputs))
+        return full_response(
+            result,
+            request_id=req.request_id,
+            model=req.model or self.settings.served_model_names[0],
+            top_n=top_n,
+            echo_prompt=bool(req.return_token_ids),
+            placeholders=req.features.mm_placeholders if req.features else None,
+        )
+
+    def stream(
+        self, req: GenerateRequest[ItemBytes | None], tenant: str, fmt: WireFormat
+    ) -> AsyncIterator[bytes]:
+        """Check and admit now (errors become proper HTTP answers); return the SSE body."""
+        params, inputs, top_n = self._prepare(req, tenant)
+        self._admit()
+        return self._stream(req, params, inputs, top_n)
+
+    async def _stream(
+        self, req: Any, params: Any, inputs: Any, top_n: int | None
+    ) -> AsyncIterator[bytes]:
+        options = req.stream_options or {}
+        prompt_tokens = len(inputs.token_ids)
+        generated = 0
+        first = True
+        finished = False
+        start = time.perf_counter()
+        try:
+            async for res in self._start(req, params, inputs):
+                choices = [stream_choice(o, top_n) for o in res.outputs]
+                generated += sum(len(c.token_ids or []) for c in choices)
+                chunk: dict[str, Any] = {
+                    "request_id": req.request_id,
+                    "choices": choices,
+                    "output_mode": "tokens",
+                }
+                if first and req.return_token_ids:
+                    chunk["prompt_token_ids"] = inputs.token_ids
+                    chunk["mm_placeholders"] = (
+                        req.features.mm_placeholders if req.features else None
+                    )
+                first = False
+                yield _sse(encode_document(chunk, WireFormat.JSON))
+                finished = res.finished
+            if options.get("include_usage"):
+                usage = usage_chunk(req.request_id, prompt_tokens, generated)
+                yield _sse(encode_document(usage, WireFormat.JSON))
+            yield b"data: [DONE]\n\n"
+            self.metrics.requests.labels("ok").inc()
+            self.metrics.latency.observe(time.perf_counter() - start)
+            self.metrics.generated_tokens.inc(generated)
+        finally:
+            self._release()
+            if not finished:
+                # The client went away mid-stream (or the engine failed): free the engine slot.
+                self.metrics.requests.labels("aborted").inc()
+                await self.engine.abort(req.request_id)
+
+
+async def _last(results: AsyncIterator[Any]) -> Any:
+    last = None
+    async for res in results:
+        last = res
+    if last is None:
+        raise EngineNotReady("the engine returned no output")
+    return last
+
+
+def _sse(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
