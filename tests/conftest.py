@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Set before anything imports transformers or vLLM: nothing may reach a model hub, and the CPU
@@ -15,3 +17,35 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("VLLM_CACHE_ROOT", str(ROOT / ".cache" / "vllm"))
 os.environ.setdefault("TANDEM_MODEL_CACHE", str(ROOT / ".cache" / "models"))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+# Session-wide: one vLLM render stack per model (each takes seconds to build).
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir():
+    from tools.tiny_models import ensure_model
+
+    return str(ensure_model("qwen2-vl"))
+
+
+@pytest.fixture(scope="session")
+def qwen2_renderer(qwen2_dir):
+    from tandem_render.settings import RenderSettings
+    from tandem_render.vllm_renderer import EngineRenderer
+
+    return EngineRenderer(RenderSettings(model=qwen2_dir, max_images_per_prompt=4))
+
+
+@pytest.fixture(scope="session")
+def qwen3_renderer():
+    from tandem_render.settings import RenderSettings
+    from tandem_render.vllm_renderer import EngineRenderer
+    from tools.tiny_models import ensure_model
+
+    return EngineRenderer(RenderSettings(model=str(ensure_model("qwen3-vl"))))

@@ -43,17 +43,33 @@ class StoredItem:
     nbytes: int
 
 
+_CONTESTED = StoredItem(content_id="", item=None, wire={}, nbytes=0)
+
+
 class ItemStore:
-    """Decoded items by (tenant, caller's mm_hash), bounded in bytes, for null kwargs entries."""
+    """Decoded items by (tenant, caller's mm_hash), bounded in bytes, for null kwargs entries.
+
+    A hash seen with two different contents is *contested*: it is never served from the store
+    again (while the marker lives), so a null entry always means the bytes that hash was first
+    and only ever sent with. A caller reusing someone's hash costs them a resend, nothing more.
+    """
 
     def __init__(self, budget_bytes: int) -> None:
         self.lru = ByteBudgetLRU[tuple[str, str], StoredItem](budget_bytes, lambda s: s.nbytes)
+        self.contested = 0
 
     def get(self, tenant: str, mm_hash: str) -> StoredItem | None:
-        return self.lru.get((tenant, mm_hash))
+        stored = self.lru.get((tenant, mm_hash))
+        return None if stored is _CONTESTED else stored
 
     def put(self, tenant: str, mm_hash: str, stored: StoredItem) -> None:
-        self.lru.put((tenant, mm_hash), stored)
+        key = (tenant, mm_hash)
+        existing = self.lru.get(key)
+        if existing is None:
+            self.lru.put(key, stored)
+        elif existing.content_id != stored.content_id:
+            self.contested += existing is not _CONTESTED
+            self.lru.put(key, _CONTESTED)
 
 
 @dataclass

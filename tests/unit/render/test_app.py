@@ -11,8 +11,8 @@ from tandem_render.app import create_app
 from tandem_render.settings import RenderSettings
 from tandem_wire import WireFormat, decode_generate_request, decode_generate_requests, decode_item
 
+from ...support.asgi import app_client
 from ...support.images import chat_body, data_url, png_bytes
-from .conftest import app_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 

@@ -8,8 +8,8 @@ from tandem_render.app import create_app
 from tandem_render.settings import RenderSettings
 from tandem_wire import WireFormat, decode_generate_request
 
+from ...support.asgi import app_client
 from ...support.images import data_url, mp4_bytes
-from .conftest import app_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 

@@ -1,0 +1,36 @@
+"""Generate test fixtures: ONE vLLM engine for the whole session (it takes ~25 s on CPU).
+
+vLLM's async engine binds its output handler to the event loop of its first request, so these
+tests share one session-wide event loop: anyio keeps its runner alive for as long as an
+async fixture of that scope lives.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+async def qwen2_engine(qwen2_dir, anyio_backend):
+    # An async session fixture keeps anyio's event loop alive across the tests.
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from tandem_generate.engine import Engine
+
+    engine = Engine(
+        AsyncEngineArgs(
+            model=qwen2_dir,
+            enforce_eager=True,
+            max_model_len=4096,
+            max_num_seqs=8,
+            max_logprobs=8,
+            seed=0,
+        )
+    )
+    yield engine
+    engine.shutdown()

@@ -1,0 +1,73 @@
+"""Shared steps of the generate tests: render a chat in-process, post it, read the answer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import msgspec
+
+from tandem_generate.app import create_app
+from tandem_generate.settings import GenerateSettings
+from tandem_render.media import MediaLoader
+from tandem_render.metrics import RenderMetrics
+from tandem_render.service import RenderService
+from tandem_render.settings import RenderSettings
+from tandem_wire import (
+    GenerateRequest,
+    WireFormat,
+    decode_document,
+    encode_generate_request,
+)
+
+from ...support.images import chat_body, data_url, png_bytes
+
+MSGPACK = "application/vnd.msgpack"
+GREEDY = {"temperature": 0.0, "max_tokens": 8}
+
+
+def generate_app(engine, model: str, **overrides):
+    settings = replace(GenerateSettings(served_model_names=(model,)), **overrides)
+    return create_app(settings, lambda: engine, shutdown_engine=False)
+
+
+async def render(renderer, model: str, images: list, **sampling) -> GenerateRequest:
+    """What our render service answers for a chat with these images (in-process)."""
+    from prometheus_client import CollectorRegistry
+
+    rs = RenderSettings(model=model, max_images_per_prompt=8)
+    service = RenderService(
+        rs, renderer, MediaLoader(rs.media_policy()), RenderMetrics.create(CollectorRegistry())
+    )
+    urls = [data_url(png_bytes(seed=i)) if isinstance(i, int) else i for i in images]
+    return await service.render_chat(chat_body(model, urls, **sampling))
+
+
+def with_sampling(req: GenerateRequest, **fields) -> GenerateRequest:
+    return msgspec.structs.replace(req, sampling_params={**req.sampling_params, **fields})
+
+
+async def post(client, req: GenerateRequest, *, binary: bool = False, expect: int = 200):
+    fmt = WireFormat.MSGPACK if binary else WireFormat.JSON
+    headers = {"content-type": fmt.content_type, "accept": fmt.content_type}
+    r = await client.post(
+        "/inference/v1/generate", content=encode_generate_request(req, fmt), headers=headers
+    )
+    assert r.status_code == expect, r.text[:1000]
+    return decode_document(r.content, dict, fmt) if r.status_code == 200 else r.json()
+
+
+def tokens(answer: dict, index: int = 0) -> list[int]:
+    return answer["choices"][index]["token_ids"]
+
+
+__all__ = [
+    "GREEDY",
+    "MSGPACK",
+    "generate_app",
+    "post",
+    "render",
+    "tokens",
+    "with_sampling",
+    "png_bytes",
+    "data_url",
+]

@@ -1,0 +1,156 @@
+"""The generate app in-process on a real (CPU) vLLM engine fed by our render output."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from ...support.asgi import app_client
+from .helpers import GREEDY, generate_app, post, render, tokens, with_sampling
+
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
+
+
+@pytest.fixture
+def app(qwen2_engine, qwen2_dir):
+    return generate_app(qwen2_engine, qwen2_dir)
+
+
+async def test_json_and_binary_bodies_give_the_same_tokens(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [1], **GREEDY)
+    async with app_client(app) as c:
+        j = await post(c, req)
+        b = await post(c, req, binary=True)
+    assert tokens(j) == tokens(b) and len(tokens(j)) == 8
+    assert j["request_id"] == req.request_id
+    assert j["usage"] == {
+        "prompt_tokens": len(req.token_ids),
+        "completion_tokens": 8,
+        "total_tokens": len(req.token_ids) + 8,
+        "prompt_tokens_details": None,
+    }
+    assert j["choices"][0]["finish_reason"] == "length"
+
+
+async def test_three_images(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [1, 2, 3], **GREEDY)
+    assert len(req.features.mm_hashes["image"]) == 3
+    async with app_client(app) as c:
+        assert len(tokens(await post(c, req, binary=True))) == 8
+
+
+async def test_the_hf_processor_never_runs_on_the_generate_path(
+    app, qwen2_renderer, qwen2_dir, monkeypatch
+):
+    from vllm.multimodal.processing import processor as mm_processor
+
+    req = await render(qwen2_renderer, qwen2_dir, [4], **GREEDY)  # render first: it may process
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the multimodal processor ran on the generate path")
+
+    for cls in (mm_processor.BaseMultiModalProcessor, mm_processor.EncDecMultiModalProcessor):
+        monkeypatch.setattr(cls, "apply", refuse)
+        monkeypatch.setattr(cls, "_call_hf_processor", refuse)
+    async with app_client(app) as c:
+        assert len(tokens(await post(c, req))) == 8
+
+
+async def test_n_seed_logprobs_and_prompt_logprobs(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [5])
+    req = with_sampling(
+        req, n=3, temperature=1.0, seed=7, max_tokens=5, logprobs=2, prompt_logprobs=1
+    )
+    async with app_client(app) as c:
+        a = await post(c, req)
+        b = await post(c, req)
+    assert [ch["index"] for ch in a["choices"]] == [0, 1, 2]
+    assert [tokens(a, i) for i in range(3)] == [tokens(b, i) for i in range(3)]  # seeded
+    content = a["choices"][0]["logprobs"]["content"]
+    assert [e["token_id"] for e in content] == tokens(a)
+    assert all(1 <= len(e["top_logprobs"]) <= 3 and e["logprob"] <= 0 for e in content)
+    assert content[0]["top_logprobs"][0]["token_id"] == content[0]["token_id"]
+    prompt_lp = a["prompt_logprobs"]
+    assert len(prompt_lp) == len(req.token_ids) and prompt_lp[0] is None
+    assert all(str(t) in step for t, step in zip(req.token_ids[1:], prompt_lp[1:], strict=True))
+
+
+async def test_stop_token_ids_min_tokens_and_ignore_eos(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [6], **GREEDY)
+    async with app_client(app) as c:
+        free = tokens(await post(c, req))
+        stop_at = free[3]
+        stopped = await post(c, with_sampling(req, stop_token_ids=[stop_at]))
+        choice = stopped["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop_at
+        assert tokens(stopped) == free[: free.index(stop_at) + 1]
+        longer = await post(c, with_sampling(req, max_tokens=12, min_tokens=12, ignore_eos=True))
+        assert len(tokens(longer)) == 12 and tokens(longer)[:8] == free
+
+
+async def test_streaming_matches_the_full_answer(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [7], **GREEDY)
+    req = msgspec.structs.replace(
+        with_sampling(req, logprobs=1), stream=True, stream_options={"include_usage": True}
+    )
+    async with app_client(app) as c:
+        full = await post(c, msgspec.structs.replace(req, stream=False))
+        async with c.stream(
+            "POST", "/inference/v1/generate", content=msgspec.json.encode(_json_doc(req))
+        ) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith(
+                "text/event-stream"
+            )
+            lines = [ln async for ln in r.aiter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    streamed = [t for ch in chunks for c in ch["choices"] for t in c["token_ids"]]
+    assert streamed == tokens(full)
+    lp = [e for ch in chunks for c in ch["choices"] for e in c["logprobs"]["content"]]
+    assert [e["token_id"] for e in lp] == streamed
+    assert chunks[-1]["usage"]["completion_tokens"] == len(streamed)
+    assert any(c["finish_reason"] == "length" for ch in chunks for c in ch["choices"])
+
+
+def _json_doc(req):
+    from tandem_wire import WireFormat, encode_generate_request
+
+    return json.loads(encode_generate_request(req, WireFormat.JSON))
+
+
+async def test_return_token_ids_echoes_prompt_and_placeholders(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [8], **GREEDY)
+    req = msgspec.structs.replace(req, return_token_ids=True)
+    async with app_client(app) as c:
+        answer = await post(c, req)
+    assert answer["prompt_token_ids"] == req.token_ids
+    ph = req.features.mm_placeholders["image"][0]
+    assert answer["mm_placeholders"]["image"][0] == {"offset": ph.offset, "length": ph.length}
+
+
+async def test_text_only_token_prompt(app, qwen2_dir):
+    from tandem_wire import GenerateRequest
+
+    req = GenerateRequest(token_ids=[1017, 82, 88, 282, 1018], sampling_params=dict(GREEDY))
+    async with app_client(app) as c:
+        assert len(tokens(await post(c, req))) == 8
+
+
+async def test_models_health_reset_and_metrics(app, qwen2_dir):
+    async with app_client(app) as c:
+        assert (await c.get("/health")).json() == {"status": "ok"}
+        assert (await c.get("/v1/models")).json()["data"][0]["id"] == qwen2_dir
+        assert (await c.post("/reset_prefix_cache")).status_code == 200
+        assert "tandem_generate_requests" in (await c.get("/metrics")).text
+
+
+async def test_api_key_on_every_route_but_health(qwen2_engine, qwen2_dir):
+    app = generate_app(qwen2_engine, qwen2_dir, api_key="k")
+    async with app_client(app) as c:
+        assert (await c.get("/health")).status_code == 200
+        assert (await c.post("/inference/v1/generate", json={"token_ids": [1]})).status_code == 401
+        assert (await c.get("/v1/models")).status_code == 401
+        ok = await c.get("/v1/models", headers={"authorization": "Bearer k"})
+        assert ok.status_code == 200
