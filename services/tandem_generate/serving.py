@@ -80,10 +80,13 @@ class GenerateService:
         self.metrics.item_cache_hits.inc(inputs.cache_hits)
         return params, inputs, params.logprobs
 
-    def _admit(self) -> None:
+    def _check_capacity(self) -> None:
         if self.pending >= self.settings.max_pending:
             self.metrics.rejected.inc()
             raise Overloaded(f"more than {self.settings.max_pending} requests pending; retry")
+
+    def _admit(self) -> None:
+        self._check_capacity()
         self.pending += 1
         self.metrics.pending.inc()
 
@@ -138,9 +141,14 @@ class GenerateService:
     def stream(
         self, req: GenerateRequest[ItemBytes | None], tenant: str, fmt: WireFormat
     ) -> AsyncIterator[bytes]:
-        """Check and admit now (errors become proper HTTP answers); return the SSE body."""
+        """Check now (errors become proper HTTP answers); return the SSE body.
+
+        The request is admitted when the body starts: a body that is never iterated (its
+        client left first) then holds no slot. Capacity is checked here too, so a full server
+        answers 429 rather than a stream that fails.
+        """
         params, inputs, top_n = self._prepare(req, tenant)
-        self._admit()
+        self._check_capacity()
         return self._stream(req, params, inputs, top_n)
 
     async def _stream(
@@ -152,6 +160,8 @@ class GenerateService:
         first = True
         finished = False
         start = time.perf_counter()
+        self.pending += 1
+        self.metrics.pending.inc()
         try:
             async for res in self._start(req, params, inputs):
                 choices = [stream_choice(o, top_n) for o in res.outputs]

@@ -15,8 +15,14 @@ __all__ = ["features_from_engine_input", "encode_vllm_item"]
 
 
 def encode_vllm_item(item: MultiModalKwargsItem) -> bytes:
-    """Wire bytes of a vLLM kwargs item (equal to vLLM's own msgpack for the same item)."""
-    return encode_item(item_from_vllm(item))
+    """Wire bytes of a vLLM kwargs item, keys sorted.
+
+    vLLM's processor cache hands back items with their keys in another order than a fresh
+    run; sorting makes equal items equal bytes, so the generate side's content identity (and
+    its caches) see one item, not two.
+    """
+    wire = item_from_vllm(item)
+    return encode_item({k: wire[k] for k in sorted(wire)})
 
 
 def _metadata_item(

@@ -66,7 +66,7 @@ def assert_items_equal(a: bytes | None, b: bytes | None) -> None:
     if a is None:
         return
     x, y = decode_item(a), decode_item(b)
-    assert list(x) == list(y)
+    assert sorted(x) == sorted(y)  # key order is not meaningful (vLLM's own cache changes it)
     for key in x:
         assert x[key].layout == y[key].layout, key
         assert x[key].data.dtype == y[key].data.dtype and x[key].data.shape == y[key].data.shape

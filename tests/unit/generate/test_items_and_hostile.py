@@ -1,0 +1,347 @@
+"""Null kwargs entries, cache misses, cache-poisoning attempts, backpressure, hostile input."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import numpy as np
+import pytest
+
+from tandem_wire import (
+    BatchedLayout,
+    FieldElem,
+    FlatLayout,
+    GenerateRequest,
+    PlaceholderRange,
+    WireFormat,
+    decode_item,
+    encode_generate_request,
+    encode_item,
+)
+
+from ...support.asgi import app_client
+from .helpers import GREEDY, MSGPACK, generate_app, post, render, tokens
+
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
+
+
+@pytest.fixture
+def app(qwen2_engine, qwen2_dir):
+    return generate_app(qwen2_engine, qwen2_dir)
+
+
+def without_data(req: GenerateRequest, **changes) -> GenerateRequest:
+    feats = msgspec.structs.replace(
+        req.features,
+        kwargs_data={m: [None] * len(v) for m, v in req.features.kwargs_data.items()},
+        mm_metadata=None,
+    )
+    return msgspec.structs.replace(req, features=feats, **changes)
+
+
+def with_hashes(req: GenerateRequest, hashes: list[str]) -> GenerateRequest:
+    feats = msgspec.structs.replace(req.features, mm_hashes={"image": hashes})
+    return msgspec.structs.replace(req, features=feats)
+
+
+async def test_null_kwargs_reuse_the_cached_item(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [11], **GREEDY)
+    async with app_client(app) as c:
+        first = await post(c, req, binary=True)
+        again = await post(c, without_data(req), binary=True)
+        assert tokens(again) == tokens(first)
+        assert "tandem_generate_item_cache_hits_total 1.0" in (await c.get("/metrics")).text
+
+
+async def test_cache_miss_is_a_409_naming_the_missing_hashes(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [12, 13], **GREEDY)
+    unknown = without_data(with_hashes(req, ["f" * 64, "e" * 64]))
+    async with app_client(app) as c:
+        err = await post(c, unknown, expect=409)
+        assert err["error"]["type"] == "mm_cache_miss"
+        assert err["error"]["details"] == {"missing": {"image": ["f" * 64, "e" * 64]}}
+        assert len(tokens(await post(c, req))) == 8  # the next request still works
+
+
+async def test_a_reused_hash_with_other_pixels_poisons_nothing(app, qwen2_renderer, qwen2_dir):
+    victim = await render(qwen2_renderer, qwen2_dir, [14], **GREEDY)
+    other = await render(qwen2_renderer, qwen2_dir, [15], **GREEDY)
+    victim_hash = victim.features.mm_hashes["image"][0]
+    # The attacker sends other pixels under the victim's hash (same tenant: no cache_salt).
+    attack = with_hashes(other, [victim_hash])
+    async with app_client(app) as c:
+        victim_tokens = tokens(await post(c, victim))
+        other_tokens = tokens(await post(c, other))
+        assert victim_tokens != other_tokens
+        # The engine keys items by content: the attacker gets the tokens of what it sent...
+        assert tokens(await post(c, attack)) == other_tokens
+        # ...the victim's identical request is unaffected (encoder and prefix caches)...
+        assert tokens(await post(c, victim)) == victim_tokens
+        # ...and a contested hash is never served from the store: null means "resend".
+        err = await post(c, without_data(victim), expect=409)
+        assert err["error"]["type"] == "mm_cache_miss"
+
+
+async def test_items_are_scoped_by_tenant(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [16], **GREEDY)
+    mine = msgspec.structs.replace(req, cache_salt="tenant-a" * 4)
+    async with app_client(app) as c:
+        await post(c, mine)
+        assert len(tokens(await post(c, without_data(mine)))) == 8
+        theirs = without_data(req, cache_salt="tenant-b" * 4)
+        assert (await post(c, theirs, expect=409))["error"]["type"] == "mm_cache_miss"
+
+
+async def test_backpressure_answers_429_instead_of_queueing(
+    qwen2_engine, qwen2_renderer, qwen2_dir
+):
+    app = generate_app(qwen2_engine, qwen2_dir, max_pending=1)
+    req = await render(qwen2_renderer, qwen2_dir, [17], **GREEDY)
+    held = msgspec.structs.replace(req, stream=True)
+    async with app_client(app) as c:
+        service = app.state.service
+        stream = service.stream(held, "", WireFormat.JSON)
+        await anext(stream)  # one request holds the only slot, mid-generation
+        body = encode_generate_request(req, WireFormat.JSON)
+        second = await c.post("/inference/v1/generate", content=body)
+        assert second.status_code == 429 and second.json()["error"]["type"] == "overloaded"
+        assert second.headers.get("retry-after") == "1"
+        await stream.aclose()  # the client of the first went away: slot freed, request aborted
+        assert service.pending == 0
+        assert len(tokens(await post(c, req))) == 8
+
+
+def _item_with(req, **changes):
+    """The request with its first item re-encoded after ``changes`` to its fields."""
+    item = decode_item(req.features.kwargs_data["image"][0])
+    for key, value in changes.items():
+        item[key] = value
+    data = encode_item(item)
+    feats = msgspec.structs.replace(req.features, kwargs_data={"image": [data]})
+    return msgspec.structs.replace(req, features=feats)
+
+
+def _with_ranges(req, ranges):
+    feats = msgspec.structs.replace(req.features, mm_placeholders={"image": ranges})
+    return msgspec.structs.replace(req, features=feats)
+
+
+def _hostile_cases(req):
+    ph = req.features.mm_placeholders["image"][0]
+    item = decode_item(req.features.kwargs_data["image"][0])
+    pixels, grid = item["pixel_values"].data, item["image_grid_thw"].data
+    pickle_item = msgspec.msgpack.encode(
+        {
+            "pixel_values": {
+                "data": ["uint8", [1], msgspec.msgpack.Ext(1, b"cos\nsystem\n.")],
+                "field": ["batched", {}],
+            }
+        }
+    )
+    as_json = json.loads(encode_generate_request(req, WireFormat.JSON))
+
+    def doc(**changes):
+        return json.dumps({**as_json, **changes}).encode()
+
+    def feats(**changes):
+        return doc(features={**as_json["features"], **changes})
+
+    cases = [
+        ("malformed json", b"{oops", None, 400, "malformed_body"),
+        ("malformed msgpack", b"\xc1", MSGPACK, 400, "malformed_body"),
+        ("empty token_ids", doc(token_ids=[]), None, 400, "invalid_request"),
+        (
+            "token out of vocabulary",
+            doc(token_ids=[*req.token_ids, 10**6]),
+            None,
+            400,
+            "token_out_of_vocabulary",
+        ),
+        ("unknown model", doc(model="other"), None, 404, "model_not_found"),
+        ("text output mode", doc(output_mode="text"), None, 400, "invalid_request"),
+        (
+            "pickle ext in item",
+            feats(kwargs_data={"image": [__import__("base64").b64encode(pickle_item).decode()]}),
+            None,
+            400,
+            "unsupported_ext_type",
+        ),
+        ("not base64", feats(kwargs_data={"image": ["%%%"]}), None, 400, "malformed_base64"),
+        (
+            "placeholder past the end",
+            feats(mm_placeholders={"image": [{"offset": len(req.token_ids) - 2, "length": 64}]}),
+            None,
+            400,
+            "invalid_request",
+        ),
+        ("overlapping placeholders", None, None, 400, "invalid_request"),
+        ("placeholder on text tokens", None, None, 400, "invalid_placeholders"),
+        ("placeholder too short", None, None, 400, "invalid_placeholders"),
+        ("is_embed disagrees", None, None, 400, "invalid_placeholders"),
+        (
+            "float pixels",
+            _item_with(
+                req,
+                pixel_values=FieldElem(
+                    pixels.astype(np.float32), FlatLayout(slices=(slice(0, len(pixels)),))
+                ),
+            ),
+            None,
+            400,
+            "invalid_mm_item",
+        ),
+        (
+            "pixels not matching grid",
+            _item_with(
+                req,
+                pixel_values=FieldElem(
+                    pixels[:-4], FlatLayout(slices=(slice(0, len(pixels) - 4),))
+                ),
+            ),
+            None,
+            400,
+            "invalid_mm_item",
+        ),
+        (
+            "grid of zeros",
+            _item_with(req, image_grid_thw=FieldElem(np.zeros(3, np.int64), BatchedLayout())),
+            None,
+            400,
+            "invalid_mm_item",
+        ),
+        (
+            "wrong layout",
+            _item_with(req, pixel_values=FieldElem(pixels, BatchedLayout())),
+            None,
+            400,
+            "invalid_mm_item",
+        ),
+        (
+            "extra key",
+            _item_with(req, evil=FieldElem(np.zeros(1, np.uint8), BatchedLayout())),
+            None,
+            400,
+            "invalid_mm_item",
+        ),
+        (
+            "shape byte mismatch",
+            feats(
+                kwargs_data={
+                    "image": [
+                        __import__("base64")
+                        .b64encode(
+                            msgspec.msgpack.encode(
+                                {
+                                    "pixel_values": {
+                                        "data": ["uint8", [9, 9], msgspec.msgpack.Ext(3, b"\0")],
+                                        "field": ["batched", {}],
+                                    }
+                                }
+                            )
+                        )
+                        .decode()
+                    ]
+                }
+            ),
+            None,
+            400,
+            "shape_mismatch",
+        ),
+        (
+            "unknown sampling field",
+            doc(sampling_params={"logits_processors": ["x"]}),
+            None,
+            400,
+            "invalid_sampling_params",
+        ),
+        (
+            "bad temperature",
+            doc(sampling_params={"temperature": -1}),
+            None,
+            400,
+            "invalid_sampling_params",
+        ),
+        (
+            "n too large",
+            doc(sampling_params={"n": 1000, "temperature": 1.0}),
+            None,
+            400,
+            "invalid_sampling_params",
+        ),
+        (
+            "max_tokens past context",
+            doc(sampling_params={"max_tokens": 10**6}),
+            None,
+            400,
+            "prompt_too_long",
+        ),
+        (
+            "video on an image range",
+            feats(
+                mm_hashes={"video": as_json["features"]["mm_hashes"]["image"]},
+                mm_placeholders={"video": as_json["features"]["mm_placeholders"]["image"]},
+                kwargs_data={"video": as_json["features"]["kwargs_data"]["image"]},
+                mm_metadata=None,
+            ),
+            None,
+            400,
+            "invalid_mm_item",
+        ),
+        (
+            "oversized body",
+            b'{"token_ids": [1], "x": "' + b"a" * 3_000_000 + b'"}',
+            None,
+            413,
+            "payload_too_large",
+        ),
+        ("too many items", None, None, 400, "too_many_items"),
+    ]
+    built = {
+        "overlapping placeholders": _with_ranges(
+            req, [ph, PlaceholderRange(offset=ph.offset + 1, length=ph.length)]
+        ),
+        "placeholder on text tokens": _with_ranges(
+            req, [PlaceholderRange(offset=0, length=ph.length)]
+        ),
+        "placeholder too short": _with_ranges(
+            req, [PlaceholderRange(offset=ph.offset, length=ph.length - 4)]
+        ),
+        "is_embed disagrees": _with_ranges(
+            req,
+            [
+                PlaceholderRange(
+                    offset=ph.offset, length=ph.length, is_embed=[False] + [True] * (ph.length - 1)
+                )
+            ],
+        ),
+    }
+    out = []
+    for name, body, ctype, status, type_ in cases:
+        body = built.get(name, body)
+        if isinstance(body, GenerateRequest):
+            body = encode_generate_request(body, WireFormat.JSON)
+        out.append((name, body, ctype, status, type_))
+    del grid
+    return out
+
+
+async def test_hostile_inputs_get_typed_4xx_and_the_server_keeps_serving(
+    qwen2_engine, qwen2_renderer, qwen2_dir
+):
+    app = generate_app(qwen2_engine, qwen2_dir, max_body_bytes=2_000_000, max_items_per_prompt=2)
+    req = await render(qwen2_renderer, qwen2_dir, [18], **GREEDY)
+    many = await render(qwen2_renderer, qwen2_dir, [19, 20, 21], **GREEDY)
+    async with app_client(app) as c:
+        for name, body, ctype, status, type_ in _hostile_cases(req):
+            if name == "too many items":
+                body = encode_generate_request(many, WireFormat.JSON)
+            headers = {"content-type": ctype} if ctype else {"content-type": "application/json"}
+            r = await c.post("/inference/v1/generate", content=body, headers=headers)
+            assert (r.status_code, r.json()["error"]["type"]) == (status, type_), (
+                name,
+                r.text[:300],
+            )
+            assert "Traceback" not in r.text, name
+        assert (await c.get("/health")).status_code == 200
+        assert len(tokens(await post(c, req))) == 8
