@@ -19,7 +19,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     ours.add_argument("--host", default="127.0.0.1")
     ours.add_argument("--port", type=int, default=8200)
     ours.add_argument("--api-key")
-    ours.add_argument("--log-level", default="info")
     ours.add_argument("--max-body-bytes", type=int, default=GenerateSettings.max_body_bytes)
     ours.add_argument(
         "--max-items-per-prompt", type=int, default=GenerateSettings.max_items_per_prompt
@@ -37,7 +36,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         host=args.host,
         port=args.port,
         api_key=args.api_key,
-        log_level=args.log_level,
+        # vLLM's own --log-level (engine args) sets ours too.
+        log_level=str(getattr(args, "log_level", None) or "info").lower(),
         max_body_bytes=args.max_body_bytes,
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,

@@ -1,0 +1,189 @@
+"""Generate as processes: tokens equal vLLM's own chat path, interop with upstream both ways,
+and an engine request aborted when its client disconnects."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tandem_wire import WireFormat, decode_generate_request, encode_generate_request
+from tools.servers import ServerProcess, free_port, python_module
+from tools.tiny_models import ensure_model
+
+from ..support.images import chat_body, data_url, png_bytes
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.engine]
+
+ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "4096", "--max-num-seqs", "8", "--seed", "0"]
+GREEDY = {"temperature": 0.0, "max_tokens": 10}
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    """Upstream render + serve (with scale-out), ours render + generate, on the tiny Qwen2-VL."""
+    model = str(ensure_model("qwen2-vl"))
+    ports = {name: free_port() for name in ("up_render", "up_serve", "render", "generate")}
+    procs = {
+        "up_render": ServerProcess(
+            "upstream-render",
+            python_module(
+                "vllm.entrypoints.launchers.render.entry",
+                "--model",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(ports["up_render"]),
+            ),
+            ports["up_render"],
+        ),
+        "up_serve": ServerProcess(
+            "upstream-serve",
+            python_module(
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(ports["up_serve"]),
+                "--enable-scale-out",
+                *ENGINE_ARGS,
+            ),
+            ports["up_serve"],
+        ),
+        "render": ServerProcess(
+            "tandem-render",
+            python_module(
+                "tandem_render", "--model", model, "--workers", "1", "--port", str(ports["render"])
+            ),
+            ports["render"],
+        ),
+        "generate": ServerProcess(
+            "tandem-generate",
+            python_module(
+                "tandem_generate", "--model", model, "--port", str(ports["generate"]), *ENGINE_ARGS
+            ),
+            ports["generate"],
+        ),
+    }
+    try:
+        for proc in procs.values():
+            proc.wait_healthy(timeout=300)
+        yield model, {name: p.url for name, p in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+def post_json(url: str, body: dict | bytes, **kwargs) -> dict:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
+    r = httpx.post(url, content=content, headers=headers, timeout=120, **kwargs)
+    assert r.status_code == 200, r.text[:1500]
+    return r.json()
+
+
+def rendered(urls: dict, which: str, body: dict) -> bytes:
+    r = httpx.post(f"{urls[which]}/v1/chat/completions/render", json=body, timeout=120)
+    assert r.status_code == 200, r.text[:1500]
+    return r.content
+
+
+def monolithic_tokens(urls: dict, body: dict) -> list[int]:
+    answer = post_json(
+        f"{urls['up_serve']}/v1/chat/completions", {**body, "return_token_ids": True}
+    )
+    return answer["choices"][0]["token_ids"]
+
+
+def generated(urls: dict, which: str, request_json: bytes) -> list[int]:
+    answer = post_json(f"{urls[which]}/inference/v1/generate", request_json)
+    return answer["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("images", [[31], [32, 33, 31]])
+def test_our_pair_matches_vllm_chat_completions(fleet, images):
+    model, urls = fleet
+    body = chat_body(model, [data_url(png_bytes(seed=s)) for s in images], **GREEDY)
+    expected = monolithic_tokens(urls, body)
+    ours = generated(urls, "generate", rendered(urls, "render", body))
+    assert ours == expected and len(ours) == 10
+
+
+def test_upstream_render_output_runs_on_our_generate(fleet):
+    model, urls = fleet
+    body = chat_body(model, [data_url(png_bytes(seed=34))], **GREEDY)
+    assert generated(urls, "generate", rendered(urls, "up_render", body)) == monolithic_tokens(
+        urls, body
+    )
+
+
+def test_our_render_output_runs_on_upstream_generate(fleet):
+    model, urls = fleet
+    body = chat_body(model, [data_url(png_bytes(seed=35))], **GREEDY)
+    assert generated(urls, "up_serve", rendered(urls, "render", body)) == monolithic_tokens(
+        urls, body
+    )
+
+
+def test_binary_body_end_to_end(fleet):
+    model, urls = fleet
+    body = chat_body(model, [data_url(png_bytes(seed=36))], **GREEDY)
+    r = httpx.post(
+        f"{urls['render']}/v1/chat/completions/render",
+        json=body,
+        headers={"accept": "application/vnd.msgpack"},
+        timeout=60,
+    )
+    req = decode_generate_request(r.content, WireFormat.MSGPACK)
+    g = httpx.post(
+        f"{urls['generate']}/inference/v1/generate",
+        content=encode_generate_request(req, WireFormat.MSGPACK),
+        headers={"content-type": "application/vnd.msgpack"},
+        timeout=60,
+    )
+    assert g.status_code == 200 and g.json()["choices"][0]["token_ids"] == monolithic_tokens(
+        urls, body
+    )
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_client_disconnect_aborts_the_engine_request(fleet):
+    model, urls = fleet
+    body = chat_body(
+        model,
+        [data_url(png_bytes(seed=37))],
+        temperature=0.0,
+        max_tokens=3000,
+        ignore_eos=True,
+        stream=True,
+    )
+    req = json.loads(rendered(urls, "render", body))
+    req["sampling_params"]["ignore_eos"] = True
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{urls['generate']}/inference/v1/generate", json=req) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    break  # one chunk, then hang up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{urls['generate']}/metrics", timeout=10).text
+        if _metric(text, 'tandem_generate_requests_total{outcome="aborted"}') >= 1:
+            break
+        time.sleep(0.5)
+    assert _metric(text, 'tandem_generate_requests_total{outcome="aborted"}') >= 1
+    assert _metric(text, "tandem_generate_pending") == 0
+    # The engine is free again: a short request completes at once.
+    short = chat_body(model, [data_url(png_bytes(seed=38))], **GREEDY)
+    assert len(generated(urls, "generate", rendered(urls, "render", short))) == 10
