@@ -17,8 +17,11 @@ PYTEST_ARGS ?=
 MODEL ?=
 RENDER_PORT ?= 8100
 RENDER_WORKERS ?=
+GENERATE_PORT ?= 8200
+# Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
+ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit test-slow lint format bench-wire bench-render run-render clean
+.PHONY: help setup models test test-unit test-slow lint format bench-wire bench-render run-render run-generate clean
 
 help:
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
@@ -29,6 +32,7 @@ help:
 	@echo "make bench-wire  wire codec throughput: ours (JSON, binary) vs vLLM's serde vs memcpy"
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make run-render  serve render on 127.0.0.1:$(RENDER_PORT) (MODEL=... or the tiny Qwen2-VL)"
+	@echo "make run-generate  serve generate on 127.0.0.1:$(GENERATE_PORT) (same model choice)"
 
 # Every target goes through setup: tools/setup_env.py is idempotent and returns at once when the
 # venv's stamp matches pyproject.toml, the script itself and the list of packages.
@@ -63,9 +67,14 @@ bench-render: setup
 	$(PY) -m tools.bench_render
 
 # Without MODEL, the tiny Qwen2-VL test model is built (seconds) and served.
+MODEL_DIR = "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}"
+
 run-render: setup
-	$(PY) -m tandem_render --model "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}" \
-		--port $(RENDER_PORT) $(if $(RENDER_WORKERS),--workers $(RENDER_WORKERS))
+	$(PY) -m tandem_render --model $(MODEL_DIR) --port $(RENDER_PORT) \
+		$(if $(RENDER_WORKERS),--workers $(RENDER_WORKERS))
+
+run-generate: setup
+	$(PY) -m tandem_generate --model $(MODEL_DIR) --port $(GENERATE_PORT) $(ENGINE_ARGS)
 
 clean:
 	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache
