@@ -499,17 +499,17 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
     if up and ours and up.throughput:
         ratio = ours.throughput / up.throughput
         print(
-            f"  throughput {PRIMARY} / upstream, c=8: {ratio:.2f}x "
+            f"  throughput {PRIMARY} / upstream, c=8: {ratio:.3f}x "
             f"(target >= {TARGET_THROUGHPUT}x)  {mark(ratio >= TARGET_THROUGHPUT)}"
         )
     if up and binary and up.throughput:
-        print(f"  throughput {BINARY} / upstream, c=8: {binary.throughput / up.throughput:.2f}x")
+        print(f"  throughput {BINARY} / upstream, c=8: {binary.throughput / up.throughput:.3f}x")
     for label, p in ((PRIMARY, ours), (BINARY, binary)):
         if p:
             ratio = p.cpu_ms / floor.cpu_ms
             print(
                 f"  server CPU / floor, {label}, c=8: {p.cpu_ms:.1f} / {floor.cpu_ms:.1f} ms = "
-                f"{ratio:.2f}x (target <= {TARGET_CPU_OVER_FLOOR}x)  "
+                f"{ratio:.3f}x (target <= {TARGET_CPU_OVER_FLOOR}x)  "
                 f"{mark(ratio <= TARGET_CPU_OVER_FLOOR)}; against the wall-time floor "
                 f"{p.cpu_ms / floor.wall_ms:.2f}x"
             )
@@ -526,7 +526,7 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
             )
             print(
                 f"  repeated-image saving, {label}: first-seen {first.cpu_ms:.1f} / repeated "
-                f"{same.cpu_ms:.1f} ms CPU = {saving:.2f}x {verdict}"
+                f"{same.cpu_ms:.1f} ms CPU = {saving:.3f}x {verdict}"
             )
 
     print("\nRSS after the run, per process (MB)")

@@ -36,6 +36,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     p.add_argument("--max-videos-per-prompt", type=int)
     p.add_argument("--max-pending", type=int)
     p.add_argument("--item-cache-bytes", type=int)
+    p.add_argument("--decoded-cache-bytes", type=int)
     p.add_argument("--mm-processor-cache-gb", type=float)
     p.add_argument("--mm-processor-kwargs-allowlist", nargs="*")
     p.add_argument("--allowed-media-domains", nargs="*")

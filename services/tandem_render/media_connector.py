@@ -8,62 +8,107 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import blake3
+from vllm import envs
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 from vllm.multimodal.media.connector import global_thread_pool
+
+from tandem_wire import ByteBudgetLRU
 
 from .errors import InvalidImage, MediaSchemeNotAllowed
 from .prepare import MEDIA_URL_PREFIX
 
-__all__ = ["CONNECTOR_NAME", "register_connector", "prefetched_media"]
+__all__ = [
+    "CONNECTOR_NAME",
+    "DecodedCache",
+    "decode_media",
+    "decoded_size",
+    "prefetched_media",
+    "register_connector",
+]
 
 CONNECTOR_NAME = "tandem-prefetched"
 
 _M = TypeVar("_M")
-_MEDIA: contextvars.ContextVar[Mapping[str, bytes]] = contextvars.ContextVar("tandem_media")
+DecodedCache = ByteBudgetLRU[tuple[str, str], Any]
+"""Decoded media by (media IO settings, blake3 of the bytes), so a repeated image (an RL batch
+sends each prompt many times) is not decoded again."""
+
+_MEDIA: contextvars.ContextVar[tuple[Mapping[str, bytes], DecodedCache | None]] = (
+    contextvars.ContextVar("tandem_media")
+)
 
 
 @contextmanager
-def prefetched_media(media: Mapping[str, bytes]) -> Iterator[None]:
+def prefetched_media(
+    media: Mapping[str, bytes], decoded: DecodedCache | None = None
+) -> Iterator[None]:
     """Make ``media`` (token URL -> bytes) what the connector serves within this context."""
-    token = _MEDIA.set(media)
+    token = _MEDIA.set((media, decoded))
     try:
         yield
     finally:
         _MEDIA.reset(token)
 
 
-def _lookup(url: str) -> bytes:
+def decoded_size(media: Any) -> int:
+    """Bytes a decoded media object holds (pixels plus the original encoded bytes)."""
+    inner = getattr(media, "media", media)
+    original = len(getattr(media, "original_bytes", b""))
+    if hasattr(inner, "size") and hasattr(inner, "getbands"):  # a PIL image
+        w, h = inner.size
+        return w * h * len(inner.getbands()) + original
+    return int(getattr(inner, "nbytes", 0)) + original
+
+
+def _lookup(url: str) -> tuple[bytes, DecodedCache | None]:
     # Defence in depth: the walker rewrote every media URL, so anything else reaching vLLM
     # (a URL smuggled through a field we do not walk) is refused, never fetched.
-    data = _MEDIA.get({}).get(url) if url.startswith(MEDIA_URL_PREFIX) else None
+    media, decoded = _MEDIA.get(({}, None))
+    data = media.get(url) if url.startswith(MEDIA_URL_PREFIX) else None
     if data is None:
         raise MediaSchemeNotAllowed("media must come from a supported content part")
-    return data
+    return data, decoded
 
 
-def _decode(media_io: Any, data: bytes) -> Any:
+def decode_media(media_io: Any, data: bytes, decoded: DecodedCache | None = None) -> Any:
+    """vLLM's decode of ``data`` (what it hashes and processes), through the cache if given."""
+    key = None
+    if decoded is not None:
+        settings = repr(sorted((k, repr(v)) for k, v in vars(media_io).items()))
+        key = (type(media_io).__name__ + settings, blake3.blake3(data).hexdigest())
+        hit = decoded.get(key)
+        if hit is not None:
+            return hit
     try:
-        return media_io.load_bytes(data)
+        media = media_io.load_bytes(data)
     except (ValueError, OSError) as exc:
         raise InvalidImage(f"could not decode media: {str(exc)[:120]}") from None
+    if key is not None and decoded is not None:
+        decoded.put(key, media)
+    return media
 
 
 class PrefetchedMediaConnector(MediaConnector):
     """Decodes prefetched bytes with vLLM's own media IO, so items and hashes match upstream."""
 
     def load_from_url(self, url: str, media_io: Any, *, fetch_timeout: int | None = None) -> Any:
-        return _decode(media_io, _lookup(url))
+        return decode_media(media_io, *_lookup(url))
 
     async def load_from_url_async(
         self, url: str, media_io: Any, *, fetch_timeout: int | None = None
     ) -> Any:
-        data = _lookup(url)
+        data, decoded = _lookup(url)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(global_thread_pool, _decode, media_io, data)
+        return await loop.run_in_executor(global_thread_pool, decode_media, media_io, data, decoded)
 
 
-def register_connector() -> str:
-    """Register the connector with vLLM (idempotent) and return its name for
-    ``VLLM_MEDIA_CONNECTOR``."""
+def register_connector() -> None:
+    """Make this connector the one vLLM loads in this process (idempotent).
+
+    It takes the place of vLLM's default entry rather than being chosen through
+    ``VLLM_MEDIA_CONNECTOR``: an environment variable would leak into every child process
+    (including other vLLM servers), and in a render process vLLM must never fetch anything.
+    """
     MEDIA_CONNECTOR_REGISTRY.register(CONNECTOR_NAME)(PrefetchedMediaConnector)
-    return CONNECTOR_NAME
+    MEDIA_CONNECTOR_REGISTRY.register(envs.VLLM_MEDIA_CONNECTOR)(PrefetchedMediaConnector)

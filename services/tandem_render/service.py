@@ -25,14 +25,16 @@ class Renderer(Protocol):
     max_model_len: int
 
     async def render_chat(
-        self, body: dict[str, Any], media: Mapping[str, bytes], encode: Any
+        self, body: dict[str, Any], media: Mapping[str, bytes], encode: Any, decoded: Any
     ) -> GenerateRequest[bytes]: ...
 
     async def render_completion(
         self, body: dict[str, Any], prompt_media: Sequence[Any] | None, encode: Any
     ) -> list[GenerateRequest[bytes]]: ...
 
-    def load_image(self, data: bytes) -> Any: ...
+    def load_image(self, data: bytes, decoded: Any) -> Any: ...
+
+    def new_decoded_cache(self, budget_bytes: int) -> Any: ...
 
     def encode_item(self, item: Any) -> bytes: ...
 
@@ -60,13 +62,14 @@ class RenderService:
         # mm_hash covers the media bytes and the processor kwargs, so equal hashes mean equal
         # items (callers cannot choose hashes: prepare refuses uuids).
         self.items = ByteBudgetLRU[str, bytes](settings.item_cache_bytes, len)
+        self.decoded = renderer.new_decoded_cache(settings.decoded_cache_bytes)
         self._pending = 0
 
     async def render_chat(self, body: Any) -> GenerateRequest[bytes]:
         with self._admit("chat"):
             prepared = prepare_chat(body, self.limits)
             media = await self._load_all(prepared.media)
-            return await self.renderer.render_chat(prepared.body, media, self._encode)
+            return await self.renderer.render_chat(prepared.body, media, self._encode, self.decoded)
 
     async def render_completion(self, body: Any) -> list[GenerateRequest[bytes]]:
         with self._admit("completion"):
@@ -76,7 +79,10 @@ class RenderService:
                 flat = [r for refs in prepared.images if refs for r in refs]
                 loaded = await self._load_all(flat)
                 images = await asyncio.gather(
-                    *(asyncio.to_thread(self.renderer.load_image, loaded[r.token]) for r in flat)
+                    *(
+                        asyncio.to_thread(self.renderer.load_image, loaded[r.token], self.decoded)
+                        for r in flat
+                    )
                 )
                 by_token = dict(zip((r.token for r in flat), images, strict=True))
                 prompt_media = [

@@ -70,6 +70,9 @@ class RenderSettings:
     item_cache_bytes: int = 512 * 1024 * 1024
     """Bytes of encoded items kept per worker, keyed by mm_hash (media + processor kwargs)."""
 
+    decoded_cache_bytes: int = 512 * 1024 * 1024
+    """Bytes of decoded media kept per worker, keyed by a hash of the encoded bytes."""
+
     mm_processor_cache_gb: float = 1.0
     """vLLM's processor-only cache per worker (processed items by mm_hash); 0 disables it."""
 

@@ -8,7 +8,6 @@ The one module of the render service that drives vLLM: requests go through upstr
 from __future__ import annotations
 
 import contextvars
-import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -37,8 +36,14 @@ from vllm.renderers.online_renderer import OnlineRenderer
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_wire import GenerateRequest
 
-from .errors import BadRequest, InvalidImage, ModelNotFound, PromptTooLong, RenderError
-from .media_connector import prefetched_media, register_connector
+from .errors import BadRequest, ModelNotFound, PromptTooLong, RenderError
+from .media_connector import (
+    DecodedCache,
+    decode_media,
+    decoded_size,
+    prefetched_media,
+    register_connector,
+)
 from .settings import RenderSettings
 
 __all__ = ["EngineRenderer", "ItemEncoder"]
@@ -87,7 +92,7 @@ class EngineRenderer:
 
     def __init__(self, settings: RenderSettings) -> None:
         # Every media URL vLLM sees is one we substituted; this connector serves their bytes.
-        os.environ["VLLM_MEDIA_CONNECTOR"] = register_connector()
+        register_connector()
         names = list(settings.names())
         engine_args = AsyncEngineArgs(
             model=settings.model,
@@ -130,24 +135,28 @@ class EngineRenderer:
         self.vocab_size: int = len(self.online.renderer.get_tokenizer())
         self.is_multimodal: bool = bool(model_config.is_multimodal_model)
 
-    def load_image(self, data: bytes) -> Any:
+    def load_image(self, data: bytes, decoded: DecodedCache | None = None) -> Any:
         """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
-        try:
-            return ImageMediaIO().load_bytes(data)
-        except (ValueError, OSError) as exc:
-            raise InvalidImage(f"could not decode image: {str(exc)[:120]}") from None
+        return decode_media(ImageMediaIO(), data, decoded)
+
+    def new_decoded_cache(self, budget_bytes: int) -> DecodedCache:
+        return DecodedCache(budget_bytes, decoded_size)
 
     def encode_item(self, item: Any) -> bytes:
         return encode_vllm_item(item)
 
     async def render_chat(
-        self, body: dict[str, Any], media: Mapping[str, bytes], encode: ItemEncoder
+        self,
+        body: dict[str, Any],
+        media: Mapping[str, bytes],
+        encode: ItemEncoder,
+        decoded: DecodedCache | None = None,
     ) -> GenerateRequest[bytes]:
         request = _validate(ChatCompletionRequest, body)
         captured: list[Any] = []
         token = _CAPTURED.set(captured)
         try:
-            with prefetched_media(media):
+            with prefetched_media(media, decoded):
                 result = await _call(self.serving.render_chat_request(request))
         finally:
             _CAPTURED.reset(token)
