@@ -111,6 +111,7 @@ class ConfigResult:
     config: Config
     phases: dict[str, Phase] = field(default_factory=dict)  # "c8", "c1", "repeat"
     rss_mb: list[tuple[str, float]] = field(default_factory=list)
+    roles: dict[int, str] = field(default_factory=dict)  # pid -> "worker 1234", ...
     failure: str | None = None
 
 
@@ -118,8 +119,9 @@ class ConfigResult:
 class Floor:
     """Median per-image cost of PNG decode and vLLM's processor, wall and CPU time.
 
-    Server cost is measured in CPU seconds, so ratios use the CPU-time floor: the wall time
-    can be lower when torch spreads the processor over threads.
+    Server cost is measured in CPU seconds, so ratios use the CPU-time floor. Helper threads
+    of the processor also run outside the timed call, which makes the per-stage wall times
+    unstable between runs (7 to 15 ms in total on a 2-core machine) while the CPU total is not.
     """
 
     decode_s: float
@@ -344,13 +346,17 @@ async def drive(
 
 def sanity_check(server: ServerProcess, body: bytes, binary: bool) -> None:
     """One request whose answer is decoded and checked: a fast error is not a fast render."""
-    r = httpx.post(
-        server.url + ROUTE,
-        content=body,
-        headers=headers_for(binary),
-        timeout=REQUEST_TIMEOUT_S,
-        trust_env=False,
-    )
+    try:
+        r = httpx.post(
+            server.url + ROUTE,
+            content=body,
+            headers=headers_for(binary),
+            timeout=REQUEST_TIMEOUT_S,
+            trust_env=False,
+        )
+    except httpx.HTTPError as exc:
+        print(f"  ! first request failed: {type(exc).__name__}: {exc}", flush=True)
+        return
     if r.status_code != 200:
         print(f"  ! first request: HTTP {r.status_code}: {r.text[:500]}", flush=True)
         return
@@ -403,10 +409,12 @@ def run_config(
         wait_ready(server, cfg.workers)
         pid = server.proc.pid
         roles = {p.pid: f"{role(p, pid, cfg.workers)} {p.pid}" for p in tree(pid)}
+        result.roles = roles
         distinct = bodies(cfg.binary)
         warm, c8, c1 = counts.warmup, counts.requests, counts.requests_c1
         sanity_check(server, distinct[0], cfg.binary)
-        asyncio.run(drive(server, "warm-up", distinct[1:warm], 8, cfg.binary))
+        warm_up = asyncio.run(drive(server, "warm-up", distinct[1:warm], 8, cfg.binary))
+        report_errors(warm_up)
         phases = [
             ("c8", distinct[warm : warm + c8], 8),
             ("c1", distinct[warm + c8 : warm + c8 + c1], 1),
@@ -429,17 +437,21 @@ def run_config(
             print(describe(phase, roles), flush=True)
         check_alive(server)
         result.rss_mb = rss_by_process(server.proc.pid, cfg.workers)
-    except (ServerFailed, RuntimeError) as exc:
+    except RuntimeError as exc:  # ServerFailed, or wait_healthy giving up
         result.failure = str(exc).splitlines()[0]
         print(f"  ! {cfg.label} failed:\n{exc}\n--- log ---\n{server.log_text()}", flush=True)
     finally:
         server.stop()
     for phase in result.phases.values():
-        if phase.errors:
-            print(f"  ! {phase.label}: {len(phase.errors)} errors; distinct messages:", flush=True)
-            for message in sorted(set(phase.errors))[:5]:
-                print(f"    {message}", flush=True)
+        report_errors(phase)
     return result
+
+
+def report_errors(phase: Phase) -> None:
+    if phase.errors:
+        print(f"  ! {phase.label}: {len(phase.errors)} errors; distinct messages:", flush=True)
+        for message in sorted(set(phase.errors))[:5]:
+            print(f"    {message}", flush=True)
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -528,6 +540,21 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
                 f"  repeated-image saving, {label}: first-seen {first.cpu_ms:.1f} / repeated "
                 f"{same.cpu_ms:.1f} ms CPU = {saving:.3f}x {verdict}"
             )
+
+    # With several workers the kernel decides which worker accepts each connection; a skewed
+    # split caps throughput at one worker's, whatever the worker count.
+    print("\nLoad split over workers (share of the server CPU per phase)")
+    for res in results:
+        if res.config.workers < 2:
+            continue
+        for key, p in res.phases.items():
+            total = p.server_cpu_s or 1.0
+            shares = ", ".join(
+                f"{res.roles.get(pid, pid)} {s / total:.0%}"
+                for pid, s in p.cpu_by_process.items()
+                if str(res.roles.get(pid, "")).startswith("worker")
+            )
+            print(f"  {res.config.label:<16} {key:<6} {shares}")
 
     print("\nRSS after the run, per process (MB)")
     for res in results:

@@ -43,6 +43,12 @@ def _imported_modules(code: str) -> set[str]:
     return {m.split(".")[0] for m in out.stdout.split()}
 
 
+def test_client_imports_no_vllm_or_torch():
+    # A trainer installs the client without vLLM.
+    mods = _imported_modules("import tandem_client")
+    assert not mods & {"vllm", "torch", "transformers", "fastapi"}
+
+
 def test_wire_library_imports_no_vllm_torch_or_web_framework():
     # (numpy itself imports pickle; what matters is that our code never calls it: see above)
     mods = _imported_modules("import tandem_wire")

@@ -1,0 +1,35 @@
+"""tandem_client: the coordinator / RL-trainer client for Tandem (httpx + tandem_wire, no vLLM)."""
+
+from .client import AsyncTandemClient
+from .errors import (
+    AuthenticationError,
+    BadRequestError,
+    CacheMissError,
+    MediaError,
+    ModelNotFoundError,
+    OverloadedError,
+    PayloadTooLargeError,
+    ServerError,
+    ServiceError,
+    TandemError,
+    TransportError,
+)
+from .rollout import RolloutResult
+from .sync import TandemClient
+
+__all__ = [
+    "AsyncTandemClient",
+    "AuthenticationError",
+    "BadRequestError",
+    "CacheMissError",
+    "MediaError",
+    "ModelNotFoundError",
+    "OverloadedError",
+    "PayloadTooLargeError",
+    "RolloutResult",
+    "ServerError",
+    "ServiceError",
+    "TandemClient",
+    "TandemError",
+    "TransportError",
+]

@@ -1,0 +1,326 @@
+"""The async client: render, generate (sending each item's tensors to a node once), chat."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+import msgspec
+
+from tandem_wire import (
+    GenerateRequest,
+    GenerateResponse,
+    WireFormat,
+    decode_document,
+    decode_generate_request,
+    decode_generate_requests,
+    encode_generate_request,
+)
+
+from .errors import (
+    CacheMissError,
+    ServerError,
+    TransportError,
+    error_from_response,
+)
+from .media import ImageLike, image_source
+from .rollout import RolloutResult, rollout
+from .routing import RoundRobin, rendezvous
+
+__all__ = ["AsyncTandemClient"]
+
+_RETRY_STATUSES = frozenset({429, 503})
+_MAX_RETRY_AFTER_S = 30.0
+
+
+class _Held:
+    """Which items (tenant, mm_hash) one generate node holds, as far as this client knows."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._keys: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._keys
+
+    def add(self, key: tuple[str, str]) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.limit:
+            self._keys.popitem(last=False)
+
+    def discard(self, key: tuple[str, str]) -> None:
+        self._keys.pop(key, None)
+
+
+def _strings(urls: str | Sequence[str]) -> list[str]:
+    return [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
+
+
+class AsyncTandemClient:
+    """Talks to one or more render and generate nodes.
+
+    Binary (msgpack) bodies by default; ``binary=False`` speaks upstream-compatible JSON, which
+    also works against upstream vLLM's render and generate servers. Connection errors and
+    429/503 answers are retried with exponential backoff (at most ``max_retries`` times); input
+    errors (other 4xx) never are.
+    """
+
+    def __init__(
+        self,
+        render_urls: str | Sequence[str],
+        generate_urls: str | Sequence[str],
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        binary: bool = True,
+        timeout_s: float = 600.0,
+        max_concurrency: int = 64,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        held_items_per_node: int = 100_000,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.model = model
+        self.fmt = WireFormat.MSGPACK if binary else WireFormat.JSON
+        self.render_nodes = RoundRobin(_strings(render_urls))
+        self.generate_urls = _strings(generate_urls)
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self._held = {url: _Held(held_items_per_node) for url in self.generate_urls}
+        self._slots = asyncio.Semaphore(max_concurrency)
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s,
+            headers=headers,
+            transport=transport,
+            limits=httpx.Limits(max_connections=2 * max_concurrency),
+        )
+
+    async def __aenter__(self) -> AsyncTandemClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _encode(self, body: Any) -> bytes:
+        return (
+            msgspec.msgpack.encode(body)
+            if self.fmt is WireFormat.MSGPACK
+            else msgspec.json.encode(body)
+        )
+
+    async def _post(
+        self, url: str, content: bytes, fmt: WireFormat | None = None
+    ) -> httpx.Response:
+        fmt = fmt or self.fmt
+        headers = {"content-type": fmt.content_type, "accept": fmt.content_type}
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                async with self._slots:
+                    r = await self._http.post(url, content=content, headers=headers)
+            except httpx.TransportError as exc:
+                if last:
+                    raise TransportError(f"{url}: {type(exc).__name__}: {exc}") from exc
+                await asyncio.sleep(self._delay(attempt))
+                continue
+            if r.status_code < 400:
+                return r
+            if r.status_code in _RETRY_STATUSES and not last:
+                await asyncio.sleep(self._delay(attempt, r.headers.get("retry-after")))
+                continue
+            raise error_from_response(r.status_code, _error_body(r), url)
+        raise AssertionError("unreachable")
+
+    def _delay(self, attempt: int, retry_after: str | None = None) -> float:
+        if retry_after and retry_after.replace(".", "", 1).isdigit():
+            return min(float(retry_after), _MAX_RETRY_AFTER_S)
+        return float(self.backoff_s * (2**attempt) * (0.5 + random.random()))
+
+    # -- render --------------------------------------------------------------------------------
+
+    async def render_chat(
+        self, messages: list[dict[str, Any]], *, model: str | None = None, **fields: Any
+    ) -> GenerateRequest[Any]:
+        """Render an OpenAI chat conversation; image parts may hold bytes or PIL images too."""
+        request, _ = await self._render_chat(messages, model=model, **fields)
+        return request
+
+    async def _render_chat(
+        self, messages: list[dict[str, Any]], *, model: str | None = None, **fields: Any
+    ) -> tuple[GenerateRequest[Any], httpx.Response]:
+        body = {"model": model or self.model, "messages": self._messages(messages), **fields}
+        url = f"{self.render_nodes.pick()}/v1/chat/completions/render"
+        r = await self._post(url, self._encode(_drop_none(body)))
+        return decode_generate_request(r.content, self._answer_format(r)), r
+
+    async def render_completion(
+        self,
+        prompt: str | list[int] | list[str] | list[list[int]],
+        *,
+        images: Sequence[Sequence[ImageLike] | None] | None = None,
+        model: str | None = None,
+        **fields: Any,
+    ) -> list[GenerateRequest[Any]]:
+        """Render prompts given as text or token ids (never re-tokenized), with ``images``: one
+        list of images (or None) per prompt."""
+        body: dict[str, Any] = {"model": model or self.model, "prompt": prompt, **fields}
+        if images is not None:
+            binary = self.fmt is WireFormat.MSGPACK
+            body["images"] = [
+                None if imgs is None else [image_source(i, binary=binary) for i in imgs]
+                for imgs in images
+            ]
+        url = f"{self.render_nodes.pick()}/v1/completions/render"
+        r = await self._post(url, self._encode(_drop_none(body)))
+        return decode_generate_requests(r.content, self._answer_format(r))
+
+    def _messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        binary = self.fmt is WireFormat.MSGPACK
+        out = []
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, list):
+                message = {**message, "content": [self._part(p, binary) for p in content]}
+            out.append(message)
+        return out
+
+    @staticmethod
+    def _part(part: Any, binary: bool) -> Any:
+        if not isinstance(part, dict) or part.get("type") not in ("image", "image_url"):
+            return part
+        value = part.get(part["type"])
+        if isinstance(value, dict):
+            value = value.get("url")
+        source = image_source(value, binary=binary)
+        if isinstance(source, bytes):
+            return {"type": "image_bytes", "image_bytes": source}
+        return {"type": "image_url", "image_url": {"url": source}}
+
+    def _answer_format(self, r: httpx.Response) -> WireFormat:
+        ctype = r.headers.get("content-type", "")
+        return WireFormat.MSGPACK if "msgpack" in ctype else WireFormat.JSON
+
+    # -- generate ------------------------------------------------------------------------------
+
+    def route(self, request: GenerateRequest[Any]) -> str:
+        """The generate node for a request: by its first item hash, so repeats of an image go
+        where its tensors already are; by request id for text-only prompts."""
+        feats = request.features
+        key = request.request_id
+        if feats is not None:
+            for modality in sorted(feats.mm_hashes):
+                if feats.mm_hashes[modality]:
+                    key = feats.mm_hashes[modality][0]
+                    break
+        return rendezvous(key, self.generate_urls)
+
+    async def generate(self, request: GenerateRequest[Any], **sampling: Any) -> GenerateResponse:
+        """Generate for a render output (``sampling`` overrides its sampling_params).
+
+        Items the chosen node already holds are sent as null; if it answers 409
+        ``mm_cache_miss`` (it evicted them, or restarted), they are resent with their data.
+        """
+        return await self._generate(request, None, sampling)
+
+    async def _generate(
+        self, request: GenerateRequest[Any], _raw: httpx.Response | None, sampling: dict[str, Any]
+    ) -> GenerateResponse:
+        if sampling:
+            request = msgspec.structs.replace(
+                request, sampling_params={**request.sampling_params, **sampling}
+            )
+        url = self.route(request)
+        held = self._held[url]
+        tenant = request.cache_salt or ""
+        skip = {k for k in _item_keys(request, tenant) if k in held}
+        for _ in range(3):
+            fmt = self.fmt
+            if _raw is not None and not skip and not sampling:
+                # Render's answer goes on byte for byte: nothing to hold back, nothing changed.
+                body, fmt = _raw.content, self._answer_format(_raw)
+            else:
+                body = encode_generate_request(_without(request, skip, tenant), self.fmt)
+            try:
+                r = await self._post(f"{url}/inference/v1/generate", body, fmt)
+            except CacheMissError as exc:
+                missing = {(tenant, h) for hashes in exc.missing.values() for h in hashes}
+                for key in missing:
+                    held.discard(key)
+                if not missing & skip:
+                    raise  # it lacks items we did not hold back: nothing to resend
+                skip -= missing
+                continue
+            for key in _item_keys(request, tenant):
+                held.add(key)
+            return decode_document(r.content, GenerateResponse, self._answer_format(r))
+        raise ServerError("items kept going missing", type="mm_cache_miss", status_code=409)
+
+    async def rollout(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        images: Sequence[Sequence[ImageLike] | None] | None = None,
+        **kwargs: Any,
+    ) -> RolloutResult:
+        """TRL-shaped rollouts (see ``tandem_client.rollout.rollout`` for the arguments)."""
+        return await rollout(self, prompts, images, **kwargs)
+
+    async def chat(
+        self, messages: list[dict[str, Any]], *, model: str | None = None, **fields: Any
+    ) -> GenerateResponse:
+        """Render then generate; the render output is posted on as it came."""
+        request, raw = await self._render_chat(messages, model=model, **fields)
+        return await self._generate(request, raw, {})
+
+
+def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _error_body(r: httpx.Response) -> Any:
+    try:
+        if "msgpack" in r.headers.get("content-type", ""):
+            return msgspec.msgpack.decode(r.content)
+        return r.json()
+    except (ValueError, msgspec.DecodeError):
+        return None
+
+
+def _item_keys(request: GenerateRequest[Any], tenant: str) -> set[tuple[str, str]]:
+    feats = request.features
+    if feats is None or feats.kwargs_data is None:
+        return set()
+    return {
+        (tenant, h)
+        for m, hashes in feats.mm_hashes.items()
+        for h, data in zip(hashes, feats.kwargs_data.get(m, []), strict=False)
+        if data is not None
+    }
+
+
+def _without(
+    request: GenerateRequest[Any], skip: set[tuple[str, str]], tenant: str
+) -> GenerateRequest[Any]:
+    feats = request.features
+    if not skip or feats is None or feats.kwargs_data is None:
+        return request
+    kwargs: Mapping[str, list[Any]] = {
+        m: [
+            None if (tenant, h) in skip else d
+            for h, d in zip(feats.mm_hashes[m], data, strict=True)
+        ]
+        for m, data in feats.kwargs_data.items()
+    }
+    # mm_metadata only matters with encoder-cache transfer; drop it with the data it describes.
+    new = msgspec.structs.replace(feats, kwargs_data=dict(kwargs), mm_metadata=None)
+    return msgspec.structs.replace(request, features=new)

@@ -1,0 +1,333 @@
+"""Client behaviour over httpx.MockTransport: errors, retries, resends, routing, sync face."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import msgspec
+import pytest
+
+from tandem_client import (
+    AsyncTandemClient,
+    AuthenticationError,
+    BadRequestError,
+    CacheMissError,
+    MediaError,
+    ModelNotFoundError,
+    OverloadedError,
+    PayloadTooLargeError,
+    ServerError,
+    TandemClient,
+    TransportError,
+)
+from tandem_client.errors import error_from_response
+from tandem_client.media import image_source
+from tandem_client.routing import RoundRobin, rendezvous
+from tandem_wire import (
+    GenerateChoice,
+    GenerateRequest,
+    GenerateResponse,
+    MultiModalFeatures,
+    PlaceholderRange,
+    WireFormat,
+    decode_generate_request,
+    encode_document,
+    encode_generate_request,
+)
+
+pytestmark = pytest.mark.anyio
+
+JSON = {"content-type": "application/json"}
+
+
+def error(status: int, type_: str, **details) -> httpx.Response:
+    body = {"error": {"type": type_, "message": "m", "code": status}}
+    if details:
+        body["error"]["details"] = details
+    return httpx.Response(status, json=body)
+
+
+def answer(request_id: str = "r", tokens=(1, 2)) -> httpx.Response:
+    resp = GenerateResponse(
+        request_id=request_id, choices=[GenerateChoice(index=0, token_ids=list(tokens))]
+    )
+    return httpx.Response(200, content=encode_document(resp, WireFormat.JSON), headers=JSON)
+
+
+def image_request(hashes=("a" * 64,)) -> GenerateRequest:
+    return GenerateRequest(
+        token_ids=[1, 9, 9, 2] * len(hashes),
+        request_id="r",
+        features=MultiModalFeatures(
+            mm_hashes={"image": list(hashes)},
+            mm_placeholders={
+                "image": [PlaceholderRange(offset=1 + 4 * i, length=2) for i in range(len(hashes))]
+            },
+            kwargs_data={"image": [b"item-" + h.encode()[:4] for h in hashes]},
+        ),
+    )
+
+
+def client_with(handler, **kwargs) -> AsyncTandemClient:
+    kwargs.setdefault("binary", False)
+    return AsyncTandemClient(
+        "http://render",
+        kwargs.pop("generate_urls", "http://gen"),
+        transport=httpx.MockTransport(handler),
+        backoff_s=0.001,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "type_", "cls"),
+    [
+        (400, "invalid_request", BadRequestError),
+        (401, "unauthorized", AuthenticationError),
+        (404, "model_not_found", ModelNotFoundError),
+        (409, "mm_cache_miss", CacheMissError),
+        (413, "payload_too_large", PayloadTooLargeError),
+        (413, "image_too_large", PayloadTooLargeError),
+        (403, "media_url_forbidden", MediaError),
+        (400, "invalid_image", MediaError),
+        (429, "overloaded", OverloadedError),
+        (500, "internal_error", ServerError),
+        (503, "engine_not_ready", ServerError),
+        (418, "teapot", BadRequestError),
+    ],
+)
+def test_error_types_map_to_exceptions(status, type_, cls):
+    exc = error_from_response(status, {"error": {"type": type_, "message": "x", "request_id": "q"}})
+    assert type(exc) is cls and exc.type == type_ and exc.status_code == status
+    assert exc.request_id == "q"
+
+
+def test_error_without_a_body():
+    exc = error_from_response(502, None)
+    assert isinstance(exc, ServerError) and exc.type == "http_502"
+
+
+async def test_input_errors_are_never_retried():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return error(400, "invalid_request")
+
+    async with client_with(handler) as c:
+        with pytest.raises(BadRequestError):
+            await c.generate(GenerateRequest(token_ids=[1]))
+    assert len(calls) == 1
+
+
+async def test_429_and_503_are_retried_then_succeed():
+    statuses = iter([429, 503, 200])
+
+    def handler(request):
+        status = next(statuses)
+        return (
+            answer()
+            if status == 200
+            else error(status, "overloaded" if status == 429 else "engine_not_ready")
+        )
+
+    async with client_with(handler) as c:
+        result = await c.generate(GenerateRequest(token_ids=[1]))
+    assert result.choices[0].token_ids == [1, 2]
+
+
+async def test_retries_are_bounded():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        return error(503, "engine_not_ready")
+
+    async with client_with(handler, max_retries=2) as c:
+        with pytest.raises(ServerError):
+            await c.generate(GenerateRequest(token_ids=[1]))
+    assert len(calls) == 3
+
+
+async def test_connection_errors_are_retried_then_raise_transport_error():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        raise httpx.ConnectError("refused", request=request)
+
+    async with client_with(handler, max_retries=1) as c:
+        with pytest.raises(TransportError):
+            await c.generate(GenerateRequest(token_ids=[1]))
+    assert len(calls) == 2
+
+
+async def test_items_are_sent_once_and_resent_on_a_cache_miss():
+    bodies = []
+    miss_next = {"value": False}
+
+    def handler(request):
+        doc = json.loads(request.content)
+        bodies.append(doc["features"]["kwargs_data"]["image"])
+        if miss_next["value"] and doc["features"]["kwargs_data"]["image"][0] is None:
+            miss_next["value"] = False
+            return error(409, "mm_cache_miss", missing={"image": ["a" * 64]})
+        return answer()
+
+    async with client_with(handler) as c:
+        req = image_request()
+        await c.generate(req)
+        await c.generate(req)
+        miss_next["value"] = True  # the node restarted and lost the item
+        await c.generate(req)
+    assert bodies[0][0] is not None  # first time: the data
+    assert bodies[1] == [None]  # then: "you hold this"
+    assert bodies[2] == [None] and bodies[3][0] is not None  # 409, then resent with data
+
+
+async def test_a_miss_for_items_we_did_send_is_raised():
+    def handler(request):
+        return error(409, "mm_cache_miss", missing={"image": ["b" * 64]})
+
+    async with client_with(handler) as c:
+        with pytest.raises(CacheMissError) as info:
+            await c.generate(image_request())
+    assert info.value.missing == {"image": ["b" * 64]}
+
+
+async def test_binary_transport_sends_msgpack_and_reads_msgpack():
+    seen = {}
+
+    def handler(request):
+        seen["ctype"] = request.headers["content-type"]
+        req = decode_generate_request(request.content, WireFormat.MSGPACK)
+        assert bytes(req.features.kwargs_data["image"][0]).startswith(b"item-")
+        resp = GenerateResponse(request_id="r", choices=[GenerateChoice(index=0, token_ids=[7])])
+        return httpx.Response(
+            200,
+            content=encode_document(resp, WireFormat.MSGPACK),
+            headers={"content-type": "application/vnd.msgpack"},
+        )
+
+    async with client_with(handler, binary=True) as c:
+        result = await c.generate(image_request())
+    assert seen["ctype"] == "application/vnd.msgpack" and result.choices[0].token_ids == [7]
+
+
+async def test_chat_posts_render_output_through_unchanged():
+    rendered = encode_generate_request(image_request(), WireFormat.MSGPACK)
+    posted = {}
+
+    def handler(request):
+        if request.url.path.endswith("/render"):
+            body = msgspec.msgpack.decode(request.content)
+            part = body["messages"][0]["content"][0]
+            assert part == {"type": "image_bytes", "image_bytes": b"\x89PNGraw"}
+            return httpx.Response(
+                200, content=rendered, headers={"content-type": "application/vnd.msgpack"}
+            )
+        posted["body"] = request.content
+        return answer()
+
+    async with client_with(handler, binary=True, model="m") as c:
+        messages = [{"role": "user", "content": [{"type": "image", "image": b"\x89PNGraw"}]}]
+        await c.chat(messages)
+    assert posted["body"] == rendered  # byte for byte: zero conversion
+
+
+async def test_generate_routing_follows_the_item_hash():
+    urls = ["http://g1", "http://g2", "http://g3"]
+    hits = []
+
+    def handler(request):
+        hits.append(f"http://{request.url.host}")
+        return answer()
+
+    async with client_with(handler, generate_urls=urls) as c:
+        for h in ("a", "b", "c", "d", "a", "b"):
+            await c.generate(image_request((h * 64,)))
+    assert hits[0] == hits[4] and hits[1] == hits[5]
+    assert hits == [rendezvous(h * 64, urls) for h in "abcdab"]
+
+
+def test_rendezvous_moves_only_the_keys_of_a_removed_node():
+    urls = ["http://a", "http://b", "http://c", "http://d"]
+    keys = [f"k{i}" for i in range(400)]
+    before = {k: rendezvous(k, urls) for k in keys}
+    after = {k: rendezvous(k, urls[:-1]) for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert all(before[k] == "http://d" for k in moved)
+    assert 50 < len(moved) < 150  # about a quarter
+
+
+def test_round_robin():
+    rr = RoundRobin(["a", "b"])
+    assert [rr.pick() for _ in range(4)] == ["a", "b", "a", "b"]
+
+
+def test_image_sources():
+    from PIL import Image
+
+    img = Image.new("RGB", (4, 4))
+    assert image_source("https://x/y.png", binary=True) == "https://x/y.png"
+    assert image_source(b"raw", binary=True) == b"raw"
+    assert image_source(b"raw", binary=False) == "data:image/png;base64,cmF3"
+    assert image_source(img, binary=True).startswith(b"\x89PNG")
+
+
+def test_sync_face():
+    def handler(request):
+        return answer(tokens=(5, 6))
+
+    with TandemClient(
+        "http://render", "http://gen", transport=httpx.MockTransport(handler), binary=False
+    ) as c:
+        assert c.generate(GenerateRequest(token_ids=[1])).choices[0].token_ids == [5, 6]
+
+
+async def test_rollout_shapes_and_logprobs():
+    def handler(request):
+        if request.url.path == "/v1/completions/render":
+            body = json.loads(request.content)
+            assert body["n"] == 2 and body["logprobs"] == 1
+            assert body["images"] == [["data:image/png;base64,cmF3"], None]
+            reqs = [
+                GenerateRequest(token_ids=list(p), request_id=f"r{i}")
+                for i, p in enumerate(body["prompt"])
+            ]
+            return httpx.Response(200, content=encode_document(reqs, WireFormat.JSON), headers=JSON)
+        doc = json.loads(request.content)
+        from tandem_wire import ChoiceLogprobs, TokenLogprob, TokenLogprobContent
+
+        def lp(t):
+            return TokenLogprobContent(
+                token_id=t,
+                logprob=-0.5,
+                top_logprobs=[
+                    TokenLogprob(token_id=t, logprob=-0.5),
+                    TokenLogprob(token_id=t + 1, logprob=-1.5),
+                ],
+            )
+
+        choices = [
+            GenerateChoice(
+                index=i,
+                token_ids=[10 + i, 20 + i],
+                logprobs=ChoiceLogprobs(content=[lp(10 + i), lp(20 + i)]),
+                finish_reason="length",
+            )
+            for i in (1, 0)
+        ]
+        resp = GenerateResponse(request_id=doc["request_id"], choices=choices)
+        return httpx.Response(200, content=encode_document(resp, WireFormat.JSON), headers=JSON)
+
+    async with client_with(handler) as c:
+        result = await c.rollout(
+            [[1, 2], [3]], images=[[b"raw"], None], n=2, logprobs=1, progress=False
+        )
+    assert result.prompt_ids == [[1, 2], [3]]
+    assert result.completion_ids == [[10, 20], [11, 21], [10, 20], [11, 21]]  # sorted by index
+    assert result.logprobs[0] == [[-0.5, -1.5], [-0.5, -1.5]]
+    assert result.logprob_token_ids[1] == [[11, 12], [21, 22]]
+    assert result.finish_reasons == ["length"] * 4

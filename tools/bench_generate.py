@@ -1,0 +1,285 @@
+"""Generate benchmark: our render -> generate against upstream's pair and its monolithic server.
+
+Side by side on the tiny Qwen2-VL model (one 448x448 noise image per chat, greedy, max_tokens 8):
+(a) our render -> our generate (binary and JSON bodies), (b) upstream render -> upstream
+generate, (c) upstream monolithic /v1/chat/completions. Reports latency p50/p95 at concurrency 1
+and 4, throughput, and the generate-side API process's CPU per request (the engine core and its
+worker are separate processes and not counted: they do the same work on every path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import psutil
+
+from tests.support.images import chat_body, data_url, png_bytes
+from tools.servers import ServerProcess, free_port, python_module
+from tools.tiny_models import ensure_model
+
+MSGPACK = "application/vnd.msgpack"
+ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "4096", "--max-num-seqs", "8", "--seed", "0"]
+SAMPLING = {"temperature": 0.0, "max_tokens": 8}
+TIMEOUT = httpx.Timeout(120.0)
+TARGET_CPU_VS_MONOLITHIC = 0.5
+
+
+@dataclass
+class Result:
+    label: str
+    concurrency: int
+    latencies: list[float]
+    seconds: float
+    api_cpu_s: float
+    errors: list[str]
+
+    @property
+    def throughput(self) -> float:
+        return len(self.latencies) / self.seconds
+
+    def pct(self, p: float) -> float:
+        return float(np.percentile(self.latencies, p)) * 1000
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.api_cpu_s / max(1, len(self.latencies) + len(self.errors)) * 1000
+
+
+def api_cpu(pid: int) -> float:
+    """CPU seconds of the API process alone (not its engine-core children)."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+Step = Callable[[httpx.AsyncClient, int], Awaitable[None]]
+
+
+async def drive(label: str, step: Step, api_pid: int, n: int, concurrency: int) -> Result:
+    latencies: list[float] = []
+    errors: list[str] = []
+    todo = iter(range(n))
+    limits = httpx.Limits(max_connections=2 * concurrency)
+    async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits, trust_env=False) as client:
+
+        async def worker() -> None:
+            for i in todo:
+                t0 = time.perf_counter()
+                try:
+                    await step(client, i)
+                except (httpx.HTTPError, AssertionError) as exc:
+                    errors.append(str(exc)[:300])
+                    continue
+                latencies.append(time.perf_counter() - t0)
+
+        cpu0 = api_cpu(api_pid)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - t0
+        cpu = api_cpu(api_pid) - cpu0
+    return Result(label, concurrency, latencies, seconds, cpu, errors)
+
+
+def check(r: httpx.Response) -> httpx.Response:
+    assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:300]}"
+    return r
+
+
+def pair_step(render_url: str, generate_url: str, bodies: list[bytes], binary: bool) -> Step:
+    render_headers = {"content-type": "application/json"}
+    generate_headers = {"content-type": "application/json"}
+    if binary:
+        render_headers["accept"] = MSGPACK
+        generate_headers["content-type"] = MSGPACK
+
+    async def step(client: httpx.AsyncClient, i: int) -> None:
+        rendered = check(
+            await client.post(
+                f"{render_url}/v1/chat/completions/render",
+                content=bodies[i],
+                headers=render_headers,
+            )
+        )
+        # The render output goes to generate exactly as it came: zero conversion.
+        check(
+            await client.post(
+                f"{generate_url}/inference/v1/generate",
+                content=rendered.content,
+                headers=generate_headers,
+            )
+        )
+
+    return step
+
+
+def monolithic_step(url: str, bodies: list[bytes]) -> Step:
+    async def step(client: httpx.AsyncClient, i: int) -> None:
+        check(
+            await client.post(
+                f"{url}/v1/chat/completions",
+                content=bodies[i],
+                headers={"content-type": "application/json"},
+            )
+        )
+
+    return step
+
+
+def start(name: str, args: list[str], port: int) -> ServerProcess:
+    server = ServerProcess(name, args, port)
+    server.wait_healthy(timeout=300)
+    return server
+
+
+def quiet(server: ServerProcess, seconds: float = 30) -> None:
+    """Wait until the server tree's start-up CPU work is over."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        procs = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(True)]
+        before = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        time.sleep(1)
+        after = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        if after - before < 0.05:
+            return
+
+
+def api_pid(server: ServerProcess) -> int:
+    return server.proc.pid
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--requests", type=int, default=60)
+    args = parser.parse_args()
+    model = str(ensure_model("qwen2-vl"))
+    n = args.requests
+    warm = 6
+    seed = iter(range(10_000, 10**6))
+
+    def bodies(count: int) -> list[bytes]:
+        return [
+            json.dumps(
+                chat_body(model, [data_url(png_bytes(448, 448, seed=next(seed)))], **SAMPLING)
+            ).encode()
+            for _ in range(count)
+        ]
+
+    results: list[Result] = []
+
+    def run(label: str, make_step: Callable[[list[bytes]], Step], pid: int) -> None:
+        asyncio.run(drive("warm-up", make_step(bodies(warm)), pid, warm, 2))
+        for concurrency in (1, 4):
+            r = asyncio.run(drive(label, make_step(bodies(n)), pid, n, concurrency))
+            results.append(r)
+            summary = f"{r.throughput:.1f} req/s, API CPU {r.cpu_ms:.1f} ms/req"
+            print(f"  {label} c={concurrency}: {summary}, errors {len(r.errors)}", flush=True)
+            for e in r.errors[:3]:
+                print("   ", e)
+
+    ports = {k: free_port() for k in ("render", "generate")}
+    print("[ours] starting render (1 worker) and generate", flush=True)
+    render = start(
+        "tandem-render",
+        python_module(
+            "tandem_render", "--model", model, "--workers", "1", "--port", str(ports["render"])
+        ),
+        ports["render"],
+    )
+    generate = start(
+        "tandem-generate",
+        python_module(
+            "tandem_generate", "--model", model, "--port", str(ports["generate"]), *ENGINE_ARGS
+        ),
+        ports["generate"],
+    )
+    try:
+        quiet(generate)
+        run(
+            "(a) ours render -> generate, binary",
+            lambda b: pair_step(render.url, generate.url, b, True),
+            api_pid(generate),
+        )
+        run(
+            "(a) ours render -> generate, JSON",
+            lambda b: pair_step(render.url, generate.url, b, False),
+            api_pid(generate),
+        )
+    finally:
+        render.stop()
+        generate.stop()
+
+    ports = {k: free_port() for k in ("render", "serve")}
+    print("[upstream] starting vllm launch render and vllm serve --enable-scale-out", flush=True)
+    up_render = start(
+        "upstream-render",
+        python_module(
+            "vllm.entrypoints.launchers.render.entry",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(ports["render"]),
+        ),
+        ports["render"],
+    )
+    serve = start(
+        "upstream-serve",
+        python_module(
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(ports["serve"]),
+            "--enable-scale-out",
+            *ENGINE_ARGS,
+        ),
+        ports["serve"],
+    )
+    try:
+        quiet(serve)
+        run(
+            "(b) upstream render -> generate",
+            lambda b: pair_step(up_render.url, serve.url, b, False),
+            api_pid(serve),
+        )
+        run("(c) upstream monolithic chat", lambda b: monolithic_step(serve.url, b), api_pid(serve))
+    finally:
+        up_render.stop()
+        serve.stop()
+
+    print(
+        "\nGenerate benchmark: tiny Qwen2-VL, one 448x448 noise PNG per chat, greedy, max_tokens 8,"
+    )
+    print(
+        f"{n} requests per cell; CPU engine (vLLM 0.32 CPU build), 2 cores shared by all processes"
+    )
+    row = "{:<40} {:>4} {:>7} {:>8} {:>8} {:>15} {:>6}"
+    print(row.format("path", "conc", "req/s", "p50 ms", "p95 ms", "API CPU ms/req", "errors"))
+    for r in results:
+        cells = (f"{r.throughput:.1f}", f"{r.pct(50):.1f}", f"{r.pct(95):.1f}", f"{r.cpu_ms:.2f}")
+        print(row.format(r.label, r.concurrency, *cells, len(r.errors)))
+    by = {(r.label[:3], r.concurrency, "binary" in r.label): r for r in results}
+    for c in (1, 4):
+        a, b, mono = by[("(a)", c, True)], by[("(b)", c, False)], by[("(c)", c, False)]
+        ratio = a.cpu_ms / mono.cpu_ms
+        cpu_met = "met" if ratio <= TARGET_CPU_VS_MONOLITHIC else "NOT met"
+        tput_met = "met" if a.throughput >= b.throughput else "NOT met"
+        print(
+            f"c={c}: (a) API CPU / (c) = {ratio:.2f}x (target <= {TARGET_CPU_VS_MONOLITHIC}x: "
+            f"{cpu_met}); (a)/(b) = {a.cpu_ms / b.cpu_ms:.2f}x; throughput (a)/(b) = "
+            f"{a.throughput / b.throughput:.2f}x (target >= 1x: {tput_met})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
