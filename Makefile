@@ -21,9 +21,11 @@ GENERATE_PORT ?= 8200
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit test-slow lint format bench-wire bench-render run-render run-generate clean
+.PHONY: help setup models test test-unit test-slow lint format bench-wire bench-render run-render run-generate run demo clean
 
 help:
+	@echo "make run         render + generate on 127.0.0.1 (tiny model unless MODEL=...), run the example, serve until Ctrl-C"
+	@echo "make demo        the same, but stop after the example"
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
 	@echo "make test        set up if needed, lint, then run the test suite"
 	@echo "make test-slow   the long suites (marked slow)"
@@ -68,6 +70,14 @@ bench-render: setup
 
 # Without MODEL, the tiny Qwen2-VL test model is built (seconds) and served.
 MODEL_DIR = "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}"
+
+run: setup
+	$(PY) -m tools.run_stack $(if $(MODEL),--model "$(MODEL)") --engine-args "$(ENGINE_ARGS)" \
+		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT)
+
+demo: setup
+	$(PY) -m tools.run_stack --demo $(if $(MODEL),--model "$(MODEL)") --engine-args "$(ENGINE_ARGS)" \
+		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT)
 
 run-render: setup
 	$(PY) -m tandem_render --model $(MODEL_DIR) --port $(RENDER_PORT) \

