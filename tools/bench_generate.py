@@ -21,11 +21,16 @@ import numpy as np
 import psutil
 
 from tests.support.images import chat_body, data_url, png_bytes
-from tools.servers import ServerProcess, free_port, python_module
+from tools.servers import (
+    ServerProcess,
+    tandem_generate,
+    tandem_render,
+    upstream_render,
+    upstream_serve,
+)
 from tools.tiny_models import ensure_model
 
 MSGPACK = "application/vnd.msgpack"
-ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "4096", "--max-num-seqs", "8", "--seed", "0"]
 SAMPLING = {"temperature": 0.0, "max_tokens": 8}
 TIMEOUT = httpx.Timeout(120.0)
 TARGET_CPU_VS_MONOLITHIC = 0.5
@@ -131,8 +136,7 @@ def monolithic_step(url: str, bodies: list[bytes]) -> Step:
     return step
 
 
-def start(name: str, args: list[str], port: int) -> ServerProcess:
-    server = ServerProcess(name, args, port)
+def start(server: ServerProcess) -> ServerProcess:
     server.wait_healthy(timeout=300)
     return server
 
@@ -182,68 +186,22 @@ def main() -> int:
             for e in r.errors[:3]:
                 print("   ", e)
 
-    ports = {k: free_port() for k in ("render", "generate")}
     print("[ours] starting render (1 worker) and generate", flush=True)
-    render = start(
-        "tandem-render",
-        python_module(
-            "tandem_render", "--model", model, "--workers", "1", "--port", str(ports["render"])
-        ),
-        ports["render"],
-    )
-    generate = start(
-        "tandem-generate",
-        python_module(
-            "tandem_generate", "--model", model, "--port", str(ports["generate"]), *ENGINE_ARGS
-        ),
-        ports["generate"],
-    )
+    render, generate = start(tandem_render(model)), start(tandem_generate(model))
     try:
         quiet(generate)
-        run(
-            "(a) ours render -> generate, binary",
-            lambda b: pair_step(render.url, generate.url, b, True),
-            api_pid(generate),
-        )
-        run(
-            "(a) ours render -> generate, JSON",
-            lambda b: pair_step(render.url, generate.url, b, False),
-            api_pid(generate),
-        )
+        for binary, name in ((True, "binary"), (False, "JSON")):
+            run(
+                f"(a) ours render -> generate, {name}",
+                lambda b, binary=binary: pair_step(render.url, generate.url, b, binary),
+                api_pid(generate),
+            )
     finally:
         render.stop()
         generate.stop()
 
-    ports = {k: free_port() for k in ("render", "serve")}
     print("[upstream] starting vllm launch render and vllm serve --enable-scale-out", flush=True)
-    up_render = start(
-        "upstream-render",
-        python_module(
-            "vllm.entrypoints.launchers.render.entry",
-            "--model",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(ports["render"]),
-        ),
-        ports["render"],
-    )
-    serve = start(
-        "upstream-serve",
-        python_module(
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(ports["serve"]),
-            "--enable-scale-out",
-            *ENGINE_ARGS,
-        ),
-        ports["serve"],
-    )
+    up_render, serve = start(upstream_render(model)), start(upstream_serve(model))
     try:
         quiet(serve)
         run(

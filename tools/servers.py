@@ -74,3 +74,46 @@ class ServerProcess:
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+# The four servers tests and benchmarks start, each on 127.0.0.1 and a free port.
+CPU_ENGINE_ARGS = (
+    "--enforce-eager",
+    "--max-model-len",
+    "4096",
+    "--max-num-seqs",
+    "8",
+    "--seed",
+    "0",
+)
+
+
+def _start(name: str, module: str, args: list[str]) -> ServerProcess:
+    port = free_port()
+    return ServerProcess(name, python_module(module, *args, "--port", str(port)), port)
+
+
+def upstream_render(model: str) -> ServerProcess:
+    """vLLM's own GPU-less render server (`vllm launch render`)."""
+    return _start(
+        "upstream-render",
+        "vllm.entrypoints.launchers.render.entry",
+        ["--model", model, "--host", "127.0.0.1"],
+    )
+
+
+def upstream_serve(model: str) -> ServerProcess:
+    """vLLM's OpenAI server with the scale-out routes (`/inference/v1/generate`)."""
+    return _start(
+        "upstream-serve",
+        "vllm.entrypoints.openai.api_server",
+        ["--model", model, "--host", "127.0.0.1", "--enable-scale-out", *CPU_ENGINE_ARGS],
+    )
+
+
+def tandem_render(model: str, workers: int = 1) -> ServerProcess:
+    return _start("tandem-render", "tandem_render", ["--model", model, "--workers", str(workers)])
+
+
+def tandem_generate(model: str) -> ServerProcess:
+    return _start("tandem-generate", "tandem_generate", ["--model", model, *CPU_ENGINE_ARGS])

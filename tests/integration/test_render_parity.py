@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tandem_wire import WireFormat, decode_generate_request, decode_generate_requests, decode_item
-from tools.servers import ServerProcess, free_port, python_module
+from tools.servers import tandem_render, upstream_render
 from tools.tiny_models import ensure_model
 
 from ..support.images import chat_body, data_url, png_bytes
@@ -19,33 +19,7 @@ MODELS = ["qwen2-vl", "qwen3-vl"]
 @pytest.fixture(scope="module", params=MODELS)
 def servers(request):
     model = str(ensure_model(request.param))
-    up_port, our_port = free_port(), free_port()
-    upstream = ServerProcess(
-        "upstream-render",
-        python_module(
-            "vllm.entrypoints.launchers.render.entry",
-            "--model",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(up_port),
-        ),
-        up_port,
-    )
-    ours = ServerProcess(
-        "tandem-render",
-        python_module(
-            "tandem_render",
-            "--model",
-            model,
-            "--workers",
-            "2",
-            "--port",
-            str(our_port),
-        ),
-        our_port,
-    )
+    upstream, ours = upstream_render(model), tandem_render(model, workers=2)
     try:
         upstream.wait_healthy()
         ours.wait_healthy()
