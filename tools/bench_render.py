@@ -506,16 +506,25 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
     def phase(label: str, key: str) -> Phase | None:
         return by.get(label, {}).get(key)
 
+    def skew(*phases: Phase) -> str:
+        # A verdict built on a phase that shared the machine with other work is not one.
+        return (
+            "  [SKEWED: other load]"
+            if any(ph.other_cores > OTHER_LOAD_WARN for ph in phases)
+            else ""
+        )
+
     print("\nTargets (from the issue)")
     up, ours, binary = phase("upstream", "c8"), phase(PRIMARY, "c8"), phase(BINARY, "c8")
     if up and ours and up.throughput:
         ratio = ours.throughput / up.throughput
         print(
             f"  throughput {PRIMARY} / upstream, c=8: {ratio:.3f}x "
-            f"(target >= {TARGET_THROUGHPUT}x)  {mark(ratio >= TARGET_THROUGHPUT)}"
+            f"(target >= {TARGET_THROUGHPUT}x)  {mark(ratio >= TARGET_THROUGHPUT)}{skew(ours, up)}"
         )
     if up and binary and up.throughput:
-        print(f"  throughput {BINARY} / upstream, c=8: {binary.throughput / up.throughput:.3f}x")
+        ratio = binary.throughput / up.throughput
+        print(f"  throughput {BINARY} / upstream, c=8: {ratio:.3f}x{skew(binary, up)}")
     for label, p in ((PRIMARY, ours), (BINARY, binary)):
         if p:
             ratio = p.cpu_ms / floor.cpu_ms
@@ -523,10 +532,13 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
                 f"  server CPU / floor, {label}, c=8: {p.cpu_ms:.1f} / {floor.cpu_ms:.1f} ms = "
                 f"{ratio:.3f}x (target <= {TARGET_CPU_OVER_FLOOR}x)  "
                 f"{mark(ratio <= TARGET_CPU_OVER_FLOOR)}; against the wall-time floor "
-                f"{p.cpu_ms / floor.wall_ms:.2f}x"
+                f"{p.cpu_ms / floor.wall_ms:.2f}x{skew(p)}"
             )
     if up:
-        print(f"  server CPU / floor, upstream, c=8: {up.cpu_ms / floor.cpu_ms:.2f}x (reference)")
+        print(
+            f"  server CPU / floor, upstream, c=8: {up.cpu_ms / floor.cpu_ms:.2f}x (reference)"
+            f"{skew(up)}"
+        )
     for label, target in ((PRIMARY, True), ("upstream", False)):
         first, same = phase(label, "c8"), phase(label, "repeat")
         if first and same and same.cpu_ms:
@@ -538,7 +550,7 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
             )
             print(
                 f"  repeated-image saving, {label}: first-seen {first.cpu_ms:.1f} / repeated "
-                f"{same.cpu_ms:.1f} ms CPU = {saving:.3f}x {verdict}"
+                f"{same.cpu_ms:.1f} ms CPU = {saving:.3f}x {verdict}{skew(first, same)}"
             )
 
     # With several workers the kernel decides which worker accepts each connection; a skewed

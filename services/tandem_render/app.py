@@ -23,7 +23,6 @@ from tandem_http import (
 )
 from tandem_wire import (
     WireError,
-    decode_document,
     encode_generate_request,
     encode_generate_requests,
 )
@@ -63,10 +62,10 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app, (RenderError, WireError))
 
-    async def decoded_body(request: Request) -> tuple[Any, Any]:
+    async def request_body(request: Request) -> tuple[bytes, Any, Any]:
         body = await read_body(request, settings.max_body_bytes)
         in_fmt, out_fmt = negotiate(request)
-        return decode_document(body, Any, in_fmt), out_fmt  # type: ignore[arg-type]
+        return body, in_fmt, out_fmt
 
     def respond(data: bytes, out_fmt: Any) -> Response:
         metrics.bytes_out.labels(out_fmt.name.lower()).inc(len(data))
@@ -74,14 +73,14 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request) -> Response:
-        doc, out_fmt = await decoded_body(request)
-        result = await request.app.state.service.render_chat(doc)
+        body, in_fmt, out_fmt = await request_body(request)
+        result = await request.app.state.service.render_chat(body, in_fmt)
         return respond(encode_generate_request(result, out_fmt), out_fmt)
 
     @app.post("/v1/completions/render")
     async def render_completion(request: Request) -> Response:
-        doc, out_fmt = await decoded_body(request)
-        results = await request.app.state.service.render_completion(doc)
+        body, in_fmt, out_fmt = await request_body(request)
+        results = await request.app.state.service.render_completion(body, in_fmt)
         return respond(encode_generate_requests(results, out_fmt), out_fmt)
 
     @app.get("/health")

@@ -19,6 +19,7 @@ class RenderMetrics:
     bytes_out: Counter
     item_cache_hits: Counter
     item_cache_misses: Counter
+    answer_cache_hits: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> RenderMetrics:
@@ -64,5 +65,10 @@ class RenderMetrics:
             ),
             item_cache_misses=Counter(
                 "tandem_render_item_cache_misses", "Items encoded anew", registry=registry
+            ),
+            answer_cache_hits=Counter(
+                "tandem_render_answer_cache_hits",
+                "Requests answered from the cache of identical recent requests",
+                registry=registry,
             ),
         )

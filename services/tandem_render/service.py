@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from tandem_wire import ByteBudgetLRU, GenerateRequest
+import blake3
+import msgspec
+
+from tandem_wire import ByteBudgetLRU, GenerateRequest, WireFormat, decode_document
 
 from .errors import Overloaded
 from .media import MediaLoader
@@ -63,16 +67,38 @@ class RenderService:
         # items (callers cannot choose hashes: prepare refuses uuids).
         self.items = ByteBudgetLRU[str, bytes](settings.item_cache_bytes, len)
         self.decoded = renderer.new_decoded_cache(settings.decoded_cache_bytes)
+        # Whole answers by a hash of the exact request bytes, for a short while: an RL batch
+        # sends the same prompt many times, and rendering is deterministic for equal bytes.
+        self.answers = _AnswerCache(settings.answer_cache_bytes, settings.answer_cache_ttl_s)
         self._pending = 0
 
-    async def render_chat(self, body: Any) -> GenerateRequest[bytes]:
+    async def render_chat(self, raw: bytes, fmt: WireFormat) -> GenerateRequest[bytes]:
         with self._admit("chat"):
+            key = ("chat", blake3.blake3(raw).hexdigest())
+            hit = self.answers.get(key)
+            if hit is not None:
+                self.metrics.answer_cache_hits.inc()
+                return _fresh_id(hit[0], hit[1])
+            body = decode_document(raw, Any, fmt)  # type: ignore[arg-type]
             prepared = prepare_chat(body, self.limits)
             media = await self._load_all(prepared.media)
-            return await self.renderer.render_chat(prepared.body, media, self._encode, self.decoded)
+            result = await self.renderer.render_chat(
+                prepared.body, media, self._encode, self.decoded
+            )
+            self._remember(key, result, body, prepared.media)
+            return result
 
-    async def render_completion(self, body: Any) -> list[GenerateRequest[bytes]]:
+    def _remember(self, key: Any, result: Any, body: Any, media: Sequence[MediaRef]) -> None:
+        # Only answers whose inputs are all in the body: a URL's content may change.
+        if self.settings.answer_cache_ttl_s > 0 and all(
+            r.url is None or r.url.startswith("data:") for r in media
+        ):
+            keeps_id = isinstance(body, dict) and "request_id" in body
+            self.answers.put(key, (result, keeps_id, time.monotonic()))
+
+    async def render_completion(self, raw: bytes, fmt: WireFormat) -> list[GenerateRequest[bytes]]:
         with self._admit("completion"):
+            body = decode_document(raw, Any, fmt)  # type: ignore[arg-type]
             prepared = prepare_completion(body, self.limits, self.renderer.vocab_size)
             prompt_media = None
             if prepared.images is not None:
@@ -115,6 +141,36 @@ class RenderService:
 
     def _admit(self, route: str) -> _Admission:
         return _Admission(self, route)
+
+
+def _answer_size(entry: tuple[GenerateRequest[Any], bool, float]) -> int:
+    feats = entry[0].features
+    items = feats.kwargs_data if feats is not None and feats.kwargs_data else {}
+    return 8 * len(entry[0].token_ids) + sum(len(d or b"") for v in items.values() for d in v)
+
+
+class _AnswerCache(ByteBudgetLRU[tuple[str, str], tuple[GenerateRequest[Any], bool, float]]):
+    """Rendered answers by (route, blake3 of the request body), expiring after ``ttl_s``:
+    chat templates may read the clock."""
+
+    def __init__(self, budget: int, ttl_s: float) -> None:
+        super().__init__(budget if ttl_s > 0 else 0, _answer_size)
+        self.ttl_s = ttl_s
+
+    def get(self, key: tuple[str, str]) -> tuple[GenerateRequest[Any], bool, float] | None:
+        entry = super().get(key)
+        if entry is None or time.monotonic() - entry[2] > self.ttl_s:
+            return None
+        return entry
+
+
+def _fresh_id(result: GenerateRequest[Any], keeps_id: bool) -> GenerateRequest[Any]:
+    """The cached answer under a new request id (as a fresh render would have), unless the
+    caller chose the id in its body."""
+    if keeps_id:
+        return result
+    prefix = result.request_id.split("-", 1)[0]
+    return msgspec.structs.replace(result, request_id=f"{prefix}-{secrets.token_hex(8)}")
 
 
 class _Admission:

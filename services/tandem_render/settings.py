@@ -73,6 +73,13 @@ class RenderSettings:
     decoded_cache_bytes: int = 512 * 1024 * 1024
     """Bytes of decoded media kept per worker, keyed by a hash of the encoded bytes."""
 
+    answer_cache_bytes: int = 256 * 1024 * 1024
+    """Bytes of whole rendered answers kept per worker, keyed by the exact request bytes
+    (only requests whose media are inline: data URLs or raw bytes)."""
+
+    answer_cache_ttl_s: float = 60.0
+    """How long a cached answer is served (templates may read the clock); 0 disables."""
+
     mm_processor_cache_gb: float = 1.0
     """vLLM's processor-only cache per worker (processed items by mm_hash); 0 disables it."""
 

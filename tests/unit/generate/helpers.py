@@ -39,7 +39,8 @@ async def render(renderer, model: str, images: list, **sampling) -> GenerateRequ
         rs, renderer, MediaLoader(rs.media_policy()), RenderMetrics.create(CollectorRegistry())
     )
     urls = [data_url(png_bytes(seed=i)) if isinstance(i, int) else i for i in images]
-    return await service.render_chat(chat_body(model, urls, **sampling))
+    body = msgspec.json.encode(chat_body(model, urls, **sampling))
+    return await service.render_chat(body, WireFormat.JSON)
 
 
 def with_sampling(req: GenerateRequest, **fields) -> GenerateRequest:

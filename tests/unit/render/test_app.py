@@ -88,12 +88,38 @@ async def test_json_and_binary_bodies_carry_the_same_document(app, qwen2_dir):
 
 
 async def test_repeated_image_hits_the_item_cache(app, qwen2_dir):
-    body = chat_body(qwen2_dir, [data_url(png_bytes(seed=4))])
+    image = data_url(png_bytes(seed=4))
+    async with app_client(app) as c:
+        await render(c, chat_body(qwen2_dir, [image], text="one"))
+        await render(c, chat_body(qwen2_dir, [image], text="two"))
+        metrics = (await c.get("/metrics")).text
+    assert "tandem_render_item_cache_hits_total 1.0" in metrics
+
+
+async def test_identical_requests_are_answered_from_cache_with_fresh_ids(app, qwen2_dir):
+    body = chat_body(qwen2_dir, [data_url(png_bytes(seed=40))], max_tokens=3)
+    async with app_client(app) as c:
+        first = await render(c, body)
+        second = await render(c, body)
+        named = await render(c, {**body, "request_id": "mine"})
+        named_again = await render(c, {**body, "request_id": "mine"})
+        metrics = (await c.get("/metrics")).text
+    assert "tandem_render_answer_cache_hits_total 2.0" in metrics
+    assert (
+        second.token_ids == first.token_ids
+        and second.features.mm_hashes == first.features.mm_hashes
+    )
+    assert second.request_id != first.request_id and second.request_id.startswith("chatcmpl-")
+    assert named.request_id == named_again.request_id
+
+
+async def test_answer_cache_can_be_disabled(qwen2_renderer, qwen2_dir):
+    app = create_app(RenderSettings(model=qwen2_dir, answer_cache_ttl_s=0), renderer=qwen2_renderer)
+    body = chat_body(qwen2_dir, [data_url(png_bytes(seed=41))])
     async with app_client(app) as c:
         await render(c, body)
         await render(c, body)
-        metrics = (await c.get("/metrics")).text
-    assert "tandem_render_item_cache_hits_total 1.0" in metrics
+        assert "tandem_render_answer_cache_hits_total 0.0" in (await c.get("/metrics")).text
 
 
 async def test_mm_processor_kwargs_change_resolution_and_hash(app, qwen2_dir):
