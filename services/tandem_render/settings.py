@@ -67,13 +67,13 @@ class RenderSettings:
     max_pending: int = 64
     """Requests a worker holds at once (rendering or waiting) before answering 429."""
 
-    item_cache_bytes: int = 512 * 1024 * 1024
+    item_cache_bytes: int = 128 * 1024 * 1024
     """Bytes of encoded items kept per worker, keyed by mm_hash (media + processor kwargs)."""
 
-    decoded_cache_bytes: int = 512 * 1024 * 1024
+    decoded_cache_bytes: int = 64 * 1024 * 1024
     """Bytes of decoded media kept per worker, keyed by a hash of the encoded bytes."""
 
-    answer_cache_bytes: int = 256 * 1024 * 1024
+    answer_cache_bytes: int = 128 * 1024 * 1024
     """Bytes of whole rendered answers kept per worker, keyed by the exact request bytes
     (only requests whose media are inline: data URLs or raw bytes)."""
 
