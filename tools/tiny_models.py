@@ -342,15 +342,17 @@ def _model_config(name: str, ids: dict[str, int]) -> Any:
         "pad_token_id": ids["<|endoftext|>"],
         "dtype": DTYPE,
     }
-    if name == "qwen2-vl":
-        from transformers import Qwen2VLConfig
-
+    if name in ("qwen2-vl", "qwen2.5-vl"):
+        # M-RoPE sections sum to half the head dim (32 / 2).
         text["rope_parameters"] = {
             "rope_type": "default",
             "rope_theta": 1000000.0,
             "mrope_section": [4, 6, 6],
         }
         text["max_window_layers"] = TEXT_LAYERS
+    if name == "qwen2-vl":
+        from transformers import Qwen2VLConfig
+
         vision = {
             "depth": 1,
             "embed_dim": VISION_WIDTH,
@@ -365,12 +367,6 @@ def _model_config(name: str, ids: dict[str, int]) -> Any:
     if name == "qwen2.5-vl":
         from transformers import Qwen2_5_VLConfig
 
-        text["rope_parameters"] = {
-            "rope_type": "default",
-            "rope_theta": 1000000.0,
-            "mrope_section": [4, 6, 6],
-        }
-        text["max_window_layers"] = TEXT_LAYERS
         vision = {
             "depth": 1,
             "hidden_size": VISION_WIDTH,
