@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from tandem_http import (
-    MULTIPROC_ENV,
     ApiKeyMiddleware,
     RequestIdMiddleware,
     install_error_handlers,
@@ -102,8 +100,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        if os.environ.get(MULTIPROC_ENV):
-            return metrics_response()
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        # Every worker's values (from their files) in multiprocess mode, else this app's.
+        return metrics_response(registry)
 
     return app

@@ -7,7 +7,6 @@ pixels yields another identity, so nobody can poison another request's caches.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ from tandem_wire import (
 )
 
 from .errors import CacheMiss, InvalidItem, InvalidPlaceholders, TokenOutOfVocabulary, TooManyItems
-from .model_spec import ModalitySpec, ModelSpec, layout_kind
+from .model_spec import ModalitySpec, ModelSpec, grid_cells, layout_kind
 
 __all__ = ["EngineInputs", "InputBuilder", "ItemStore", "StoredItem"]
 
@@ -201,7 +200,7 @@ def expected_embeds(wire: KwargsItem, spec: ModalitySpec) -> int | None:
     if spec.grid_key is None or spec.grid_cells_per_token is None:
         return None
     grid = wire[spec.grid_key].data
-    return int(math.prod(int(x) for x in np.asarray(grid).reshape(-1))) // spec.grid_cells_per_token
+    return grid_cells(grid) // spec.grid_cells_per_token
 
 
 def rebind(wire: KwargsItem, spec: ModalitySpec, modality: str) -> KwargsItem:
@@ -218,7 +217,7 @@ def rebind(wire: KwargsItem, spec: ModalitySpec, modality: str) -> KwargsItem:
         grid = wire[spec.grid_key].data
         if not isinstance(grid, np.ndarray) or grid.size == 0 or (grid <= 0).any():
             raise InvalidItem(f"{modality} item grid is malformed")
-        cells = int(math.prod(int(x) for x in grid.reshape(-1)))
+        cells = grid_cells(grid)
     out: KwargsItem = dict(wire)  # non-tensor fields pass as they are
     for key, fspec in spec.fields.items():
         data = wire[key].data

@@ -53,6 +53,11 @@ class ModelSpec:
     modalities: dict[str, ModalitySpec] = field(default_factory=dict)
 
 
+def grid_cells(grid: Any) -> int:
+    """Patches in a grid tensor such as ``image_grid_thw`` (t * h * w)."""
+    return int(math.prod(int(x) for x in np.asarray(grid).reshape(-1)))
+
+
 def layout_kind(layout: Any) -> type[FieldLayout]:
     for kind in (BatchedLayout, FlatLayout, SharedLayout):
         if isinstance(layout, kind):
@@ -84,7 +89,7 @@ def modality_spec(
     grid_key = next((k for k in fields if k.endswith("grid_thw")), None)
     per_token = None
     if grid_key is not None:
-        cells = int(math.prod(int(x) for x in wire_item[grid_key].data.reshape(-1)))
+        cells = grid_cells(wire_item[grid_key].data)
         per_token = cells // len(embed_tokens) if cells % len(embed_tokens) == 0 else None
         for key, f in fields.items():
             rows = f.shape[f.flat_dim] if f.kind is FlatLayout and f.shape else 0

@@ -9,10 +9,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from tandem_http import (
-    MULTIPROC_ENV,
     ApiKeyMiddleware,
     RequestIdMiddleware,
     install_error_handlers,
@@ -98,9 +97,8 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        if os.environ.get(MULTIPROC_ENV):
-            return metrics_response()  # every worker's values, from their files
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        # Every worker's values (from their files) in multiprocess mode, else this app's.
+        return metrics_response(registry)
 
     return app
 

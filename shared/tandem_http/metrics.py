@@ -30,20 +30,21 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus_client's switch: when set, every process writes its values to files there."""
 
 
-def metrics_registry() -> CollectorRegistry:
-    """The registry to expose: all workers' files in multiprocess mode, else the default one."""
+def metrics_registry(own: CollectorRegistry | None = None) -> CollectorRegistry:
+    """The registry to expose: all workers' files in multiprocess mode, else ``own`` (an app's
+    private registry) or the default one."""
     if os.environ.get(MULTIPROC_ENV):
         # A fresh registry per scrape, as prometheus_client documents: the collector reads the
         # files of every process (live or dead) at collection time.
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return registry
-    return REGISTRY
+    return own if own is not None else REGISTRY
 
 
-def metrics_response() -> Response:
-    """The ``GET /metrics`` answer: Prometheus text exposition of metrics_registry()."""
-    return Response(generate_latest(metrics_registry()), media_type=CONTENT_TYPE_LATEST)
+def metrics_response(own: CollectorRegistry | None = None) -> Response:
+    """The ``GET /metrics`` answer: Prometheus text exposition of metrics_registry(own)."""
+    return Response(generate_latest(metrics_registry(own)), media_type=CONTENT_TYPE_LATEST)
 
 
 def prepare_multiprocess_dir(path: Path | None = None) -> Path:
