@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
@@ -119,9 +120,8 @@ class ConfigResult:
 class Floor:
     """Median per-image cost of PNG decode and vLLM's processor, wall and CPU time.
 
-    Server cost is measured in CPU seconds, so ratios use the CPU-time floor. Helper threads
-    of the processor also run outside the timed call, which makes the per-stage wall times
-    unstable between runs (7 to 15 ms in total on a 2-core machine) while the CPU total is not.
+    Measured as vLLM's renderer runs it (one torch thread), so CPU time equals wall time up to
+    noise; server cost is in CPU seconds, so ratios use the CPU-time floor.
     """
 
     decode_s: float
@@ -149,7 +149,7 @@ def measure_floor(model_dir: Path, runs: int) -> Floor:
     """Median PNG decode and vLLM processor time for one image, in this process, no server."""
     from vllm.config import ModelConfig
     from vllm.multimodal import MULTIMODAL_REGISTRY
-    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+    from vllm.utils.torch_utils import set_default_torch_num_threads
 
     proc = MULTIMODAL_REGISTRY.create_processor(
         ModelConfig(model=str(model_dir), max_model_len=4096)
@@ -164,21 +164,33 @@ def measure_floor(model_dir: Path, runs: int) -> Floor:
     # absorbs one-off costs (lazy imports, first torch kernels) and is not counted.
     images = [png_bytes(IMAGE_SIDE, IMAGE_SIDE, FLOOR_SEED + i) for i in range(runs + 1)]
     samples: list[tuple[float, float, float, float]] = []
-    for i, data in enumerate(images):
-        w0, c0 = time.perf_counter(), time.process_time()
-        img = Image.open(io.BytesIO(data))
-        img.load()
-        img = img.convert("RGB")
-        w1, c1 = time.perf_counter(), time.process_time()
-        proc.apply(
-            ProcessorInputs(ids, proc.info.parse_mm_data({"image": [img]})),
-            TimingContext(enabled=False),
-        )
-        w2, c2 = time.perf_counter(), time.process_time()
-        if i:
-            samples.append((w1 - w0, w2 - w1, c1 - c0, c2 - c1))
+    # One torch thread, as vLLM's renderer runs its processor (set_default_torch_num_threads):
+    # with more, idle OpenMP threads spin after each call and that CPU lands on the next
+    # decode (measured: 8.7 ms of process CPU for a 4.4 ms decode on 2 cores).
+    with set_default_torch_num_threads():
+        for i, data in enumerate(images):
+            timings = time_one_image(proc, ids, data)
+            if i:
+                samples.append(timings)
     cols = list(zip(*samples, strict=True))
     return Floor(*(statistics.median(col) for col in cols))
+
+
+def time_one_image(proc: Any, ids: list[int], data: bytes) -> tuple[float, float, float, float]:
+    """(decode wall, processor wall, decode CPU, processor CPU) for one PNG, in seconds."""
+    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    img = img.convert("RGB")
+    w1, c1 = time.perf_counter(), time.process_time()
+    proc.apply(
+        ProcessorInputs(ids, proc.info.parse_mm_data({"image": [img]})),
+        TimingContext(enabled=False),
+    )
+    w2, c2 = time.perf_counter(), time.process_time()
+    return (w1 - w0, w2 - w1, c1 - c0, c2 - c1)
 
 
 # -- server process tree -------------------------------------------------------------------------
