@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 
@@ -26,6 +27,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     )
     ours.add_argument("--max-pending", type=int, default=GenerateSettings.max_pending)
     ours.add_argument("--item-cache-bytes", type=int, default=GenerateSettings.item_cache_bytes)
+    ours.add_argument(
+        "--pretouch-item-cache",
+        action=argparse.BooleanOptionalAction,
+        default=GenerateSettings.pretouch_item_cache,
+        help="keep freed memory and fault in the item cache budget at start-up",
+    )
     parser = AsyncEngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
     engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -43,6 +50,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,
         item_cache_bytes=args.item_cache_bytes,
+        pretouch_item_cache=args.pretouch_item_cache,
     )
     return settings, engine_args
 

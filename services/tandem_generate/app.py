@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -13,8 +14,10 @@ from tandem_http import (
     ApiKeyMiddleware,
     RequestIdMiddleware,
     install_error_handlers,
+    keep_freed_memory,
     metrics_response,
     negotiate,
+    pretouch,
     read_body,
     wire_response,
 )
@@ -27,6 +30,8 @@ from .serving import GenerateService
 from .settings import GenerateSettings
 
 __all__ = ["create_app"]
+
+log = logging.getLogger("tandem.generate")
 
 
 def create_app(
@@ -44,6 +49,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = engine_factory()
+        if settings.pretouch_item_cache and keep_freed_memory():
+            seconds = pretouch(settings.item_cache_bytes)
+            log.info(
+                "pre-faulted %d MiB for the item cache in %.2f s",
+                settings.item_cache_bytes >> 20,
+                seconds,
+            )
         app.state.service = GenerateService(settings, engine, metrics)
         try:
             yield

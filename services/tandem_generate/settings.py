@@ -32,5 +32,10 @@ class GenerateSettings:
     item_cache_bytes: int = 2 * 1024 * 1024 * 1024
     """Bytes of decoded items kept for null ``kwargs_data`` entries (per tenant and hash)."""
 
+    pretouch_item_cache: bool = True
+    """Keep freed memory in the process and fault in the item cache's budget at start-up, so
+    filling the cache does not make requests pay for fresh pages (measured: ~2 ms of API CPU
+    per request with an image on our VMs)."""
+
     disconnect_poll_s: float = 0.25
     """How often a non-streaming request checks whether its client went away."""

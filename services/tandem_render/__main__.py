@@ -29,6 +29,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         default=int(env("TANDEM_RENDER_WORKERS", "0")) or None,
         help="worker processes (default: the number of cores)",
     )
+    p.add_argument(
+        "--inline-processing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="render on each worker's loop thread instead of thread pools (default: on)",
+    )
     p.add_argument("--api-key", default=env("TANDEM_API_KEY"))
     p.add_argument("--log-level", default="info")
     p.add_argument("--max-body-bytes", type=int)
@@ -40,6 +46,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     p.add_argument("--answer-cache-bytes", type=int)
     p.add_argument("--answer-cache-ttl-s", type=float)
     p.add_argument("--mm-processor-cache-gb", type=float)
+    p.add_argument(
+        "--pretouch-cache-memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep freed memory and fault in the cache budgets at start-up (default: on)",
+    )
     p.add_argument("--mm-processor-kwargs-allowlist", nargs="*")
     p.add_argument("--allowed-media-domains", nargs="*")
     p.add_argument("--allow-private-networks", action="store_true", default=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,9 +16,11 @@ from tandem_http import (
     ApiKeyMiddleware,
     RequestIdMiddleware,
     install_error_handlers,
+    keep_freed_memory,
     mark_process_dead,
     metrics_response,
     negotiate,
+    pretouch,
     read_body,
 )
 from tandem_wire import (
@@ -34,6 +37,8 @@ from .settings import SETTINGS_ENV, RenderSettings
 
 __all__ = ["create_app", "app_from_env"]
 
+log = logging.getLogger(__name__)
+
 
 def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> FastAPI:
     """Build the app. Without ``renderer``, vLLM's render stack is built at start-up (lifespan),
@@ -48,6 +53,8 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
             from .vllm_renderer import EngineRenderer
 
             engine_renderer = EngineRenderer(settings)
+        if settings.pretouch_cache_memory:
+            prepare_worker_memory(settings)
         loader = MediaLoader(settings.media_policy())
         app.state.service = RenderService(settings, engine_renderer, loader, metrics)
         try:
@@ -101,6 +108,17 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         return metrics_response(registry)
 
     return app
+
+
+def prepare_worker_memory(settings: RenderSettings) -> None:
+    """Keep freed memory in this worker and fault in what its caches will hold."""
+    if not keep_freed_memory():
+        log.info("not glibc: freed memory is left to the C library's defaults")
+        return
+    seconds = pretouch(settings.cache_budget_bytes())
+    log.info(
+        "pre-faulted %d MiB of cache memory in %.2f s", settings.cache_budget_bytes() >> 20, seconds
+    )
 
 
 def app_from_env() -> FastAPI:

@@ -34,6 +34,8 @@ DecodedCache = ByteBudgetLRU[tuple[str, str], Any]
 """Decoded media by (media IO settings, blake3 of the bytes), so a repeated image (an RL batch
 sends each prompt many times) is not decoded again."""
 
+_INLINE = False  # set once per process by register_connector
+
 _MEDIA: contextvars.ContextVar[tuple[Mapping[str, bytes], DecodedCache | None]] = (
     contextvars.ContextVar("tandem_media")
 )
@@ -99,16 +101,21 @@ class PrefetchedMediaConnector(MediaConnector):
         self, url: str, media_io: Any, *, fetch_timeout: int | None = None
     ) -> Any:
         data, decoded = _lookup(url)
+        if _INLINE:
+            return decode_media(media_io, data, decoded)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(global_thread_pool, decode_media, media_io, data, decoded)
 
 
-def register_connector() -> None:
-    """Make this connector the one vLLM loads in this process (idempotent).
+def register_connector(*, inline: bool = False) -> None:
+    """Make this connector the one vLLM loads in this process (idempotent); ``inline``
+    decodes on the calling thread instead of vLLM's media thread pool.
 
     It takes the place of vLLM's default entry rather than being chosen through
     ``VLLM_MEDIA_CONNECTOR``: an environment variable would leak into every child process
     (including other vLLM servers), and in a render process vLLM must never fetch anything.
     """
+    global _INLINE
+    _INLINE = inline
     MEDIA_CONNECTOR_REGISTRY.register(CONNECTOR_NAME)(PrefetchedMediaConnector)
     MEDIA_CONNECTOR_REGISTRY.register(envs.VLLM_MEDIA_CONNECTOR)(PrefetchedMediaConnector)

@@ -32,11 +32,13 @@ from vllm.multimodal.media import ImageMediaIO
 from vllm.renderers import renderer_from_config
 from vllm.renderers.chat_utils import load_chat_template
 from vllm.renderers.online_renderer import OnlineRenderer
+from vllm.utils.async_utils import make_async
 
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_wire import GenerateRequest
 
 from .errors import BadRequest, ModelNotFound, PromptTooLong, RenderError
+from .inline import InlineExecutor
 from .media_connector import (
     DecodedCache,
     decode_media,
@@ -92,7 +94,7 @@ class EngineRenderer:
 
     def __init__(self, settings: RenderSettings) -> None:
         # Every media URL vLLM sees is one we substituted; this connector serves their bytes.
-        register_connector()
+        register_connector(inline=settings.inline_processing)
         names = list(settings.names())
         engine_args = AsyncEngineArgs(
             model=settings.model,
@@ -114,9 +116,12 @@ class EngineRenderer:
             model_config=model_config,
             structured_outputs_config=engine_args.create_structured_outputs_config(),
         )
+        renderer = renderer_from_config(vllm_config)
+        if settings.inline_processing:
+            _run_inline(renderer)
         self.online = _MediaOnlineRenderer(
             model_config=model_config,
-            renderer=renderer_from_config(vllm_config),
+            renderer=renderer,
             request_logger=None,
             chat_template=load_chat_template(settings.chat_template),
             chat_template_content_format="auto",
@@ -210,6 +215,22 @@ class EngineRenderer:
                 parser_kwargs.model_dump() if parser_kwargs is not None else None
             ),
         )
+
+
+def _run_inline(renderer: Any) -> None:
+    """Run the renderer's tokenizer, chat template and multimodal steps on the calling thread.
+
+    vLLM hands each step to a thread pool; ``make_async`` bound those executors when the
+    renderer was built, so the pool behind the swappable one is replaced and the multimodal
+    wrappers are bound again.
+    """
+    inline = InlineExecutor()
+    renderer._executor._inner.shutdown(wait=False)
+    renderer._executor._inner = inline
+    renderer._mm_executor.shutdown(wait=False)
+    renderer._mm_executor = inline
+    renderer._process_multimodal_async = make_async(renderer._process_multimodal, executor=inline)
+    renderer._clear_mm_cache_async = make_async(renderer.clear_mm_cache, executor=inline)
 
 
 def _validate(model: Any, body: dict[str, Any]) -> Any:

@@ -3,6 +3,7 @@
 from .auth import ApiKeyMiddleware
 from .body import BodyTooLarge, negotiate, read_body, wire_response
 from .errors import HTTPErrorLike, error_body, error_response, install_error_handlers
+from .memory import keep_freed_memory, pretouch
 from .metrics import (
     MULTIPROC_ENV,
     InFlight,
@@ -25,11 +26,13 @@ __all__ = [
     "error_body",
     "error_response",
     "install_error_handlers",
+    "keep_freed_memory",
     "mark_process_dead",
     "metrics_registry",
     "metrics_response",
     "negotiate",
     "prepare_multiprocess_dir",
+    "pretouch",
     "read_body",
     "request_id_of",
     "run_server",

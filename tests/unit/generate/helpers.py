@@ -26,7 +26,9 @@ GREEDY = {"temperature": 0.0, "max_tokens": 8}
 
 
 def generate_app(engine, model: str, **overrides):
-    settings = replace(GenerateSettings(served_model_names=(model,)), **overrides)
+    # No pre-faulting per app (tests/unit/http/test_memory.py covers it).
+    base = GenerateSettings(served_model_names=(model,), pretouch_item_cache=False)
+    settings = replace(base, **overrides)
     return create_app(settings, lambda: engine, shutdown_engine=False)
 
 

@@ -22,7 +22,13 @@ MSGPACK = "application/vnd.msgpack"
 
 @pytest.fixture
 def settings(qwen2_dir):
-    return RenderSettings(model=qwen2_dir, max_images_per_prompt=4, max_body_bytes=4_000_000)
+    # No pre-faulting of cache memory per app here: tests/unit/http/test_memory.py covers it.
+    return RenderSettings(
+        model=qwen2_dir,
+        max_images_per_prompt=4,
+        max_body_bytes=4_000_000,
+        pretouch_cache_memory=False,
+    )
 
 
 @pytest.fixture
@@ -114,7 +120,10 @@ async def test_identical_requests_are_answered_from_cache_with_fresh_ids(app, qw
 
 
 async def test_answer_cache_can_be_disabled(qwen2_renderer, qwen2_dir):
-    app = create_app(RenderSettings(model=qwen2_dir, answer_cache_ttl_s=0), renderer=qwen2_renderer)
+    app = create_app(
+        RenderSettings(model=qwen2_dir, answer_cache_ttl_s=0, pretouch_cache_memory=False),
+        renderer=qwen2_renderer,
+    )
     body = chat_body(qwen2_dir, [data_url(png_bytes(seed=41))])
     async with app_client(app) as c:
         await render(c, body)

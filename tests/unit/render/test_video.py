@@ -21,7 +21,7 @@ def video_chat(model: str) -> dict:
 
 
 async def render_video(renderer, model):
-    app = create_app(RenderSettings(model=model), renderer=renderer)
+    app = create_app(RenderSettings(model=model, pretouch_cache_memory=False), renderer=renderer)
     async with app_client(app) as c:
         r = await c.post("/v1/chat/completions/render", json=video_chat(model))
     assert r.status_code == 200, r.text
