@@ -34,6 +34,8 @@ MSGPACK = "application/vnd.msgpack"
 SAMPLING = {"temperature": 0.0, "max_tokens": 8}
 TIMEOUT = httpx.Timeout(120.0)
 TARGET_CPU_VS_MONOLITHIC = 0.5
+# The reading of the same target against upstream's generate: 0.5 x 12.9 / 17.6 ms.
+EXPECTED_CPU_VS_UPSTREAM_GENERATE = 0.35
 
 
 @dataclass
@@ -159,7 +161,7 @@ def api_pid(server: ServerProcess) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--requests", type=int, default=100, help="requests per cell")
     args = parser.parse_args()
     model = str(ensure_model("qwen2-vl"))
     n = args.requests
@@ -233,7 +235,8 @@ def main() -> int:
         tput_met = "met" if a.throughput >= b.throughput else "NOT met"
         print(
             f"c={c}: (a) API CPU / (c) = {ratio:.2f}x (target <= {TARGET_CPU_VS_MONOLITHIC}x: "
-            f"{cpu_met}); (a)/(b) = {a.cpu_ms / b.cpu_ms:.2f}x; throughput (a)/(b) = "
+            f"{cpu_met}); (a)/(b) = {a.cpu_ms / b.cpu_ms:.2f}x (expected about "
+            f"{EXPECTED_CPU_VS_UPSTREAM_GENERATE}x or less); throughput (a)/(b) = "
             f"{a.throughput / b.throughput:.2f}x (target >= 1x: {tput_met})"
         )
     return 0

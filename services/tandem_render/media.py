@@ -37,6 +37,8 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+_MAX_SCHEME = 32  # where to stop looking for the ':' of a scheme
+_MAX_DATA_URL_HEADER = 1024  # "data:<media type>;<params>;base64" before the ','
 # inet_aton also accepts trailing garbage after a space; only hand it things that look numeric.
 _LEGACY_IPV4 = re.compile(r"[0-9a-fx.]+")
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
@@ -147,17 +149,19 @@ def _is_public(ip: IPAddress) -> bool:
 
 
 def _split_scheme(url: str) -> str:
-    scheme, sep, _ = url.partition(":")
-    scheme = scheme.lower()
-    if not sep or not _SCHEME.fullmatch(scheme):
+    # find, not partition: a data URL is megabytes, and partition would copy all of it.
+    colon = url.find(":", 0, _MAX_SCHEME)
+    scheme = url[:colon].lower()
+    if colon < 0 or not _SCHEME.fullmatch(scheme):
         raise MediaSchemeNotAllowed("media URL has no scheme")
     return scheme
 
 
 def _decode_data_url(url: str, max_bytes: int) -> bytes:
-    header, sep, payload = url[len("data:") :].partition(",")
-    if not sep:
+    comma = url.find(",", 0, _MAX_DATA_URL_HEADER)
+    if comma < 0:
         raise InvalidImage("malformed data URL: no ',' separator")
+    header, payload = url[len("data:") : comma], url[comma + 1 :]
     is_base64 = header.lower().endswith(";base64")
     # Upper bounds of the decoded size, so nothing oversize is ever decoded.
     bound = len(payload) * 3 // 4 if is_base64 else len(payload)

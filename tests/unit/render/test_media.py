@@ -250,6 +250,13 @@ def test_data_url_without_comma() -> None:
     _expect(InvalidImage, lambda: _run("data:image/png;base64"))
 
 
+def test_data_url_header_and_scheme_are_searched_only_so_far() -> None:
+    # The ',' of a data URL and the ':' of a scheme are looked for near the start only: a
+    # megabyte URL is never scanned or copied whole just to split it.
+    _expect(InvalidImage, lambda: _run("data:image/png;" + "x" * 2000 + ";base64,AAAA"))
+    _expect(MediaSchemeNotAllowed, lambda: _run("a" * 40 + ":rest"))
+
+
 def test_data_url_percent_encoded() -> None:
     assert _run("data:text/plain,hello%20world%00") == b"hello world\x00"
     assert _run("data:,plain") == b"plain"
