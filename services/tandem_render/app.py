@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from tandem_http import (
     ApiKeyMiddleware,
+    PartsResponse,
     RequestIdMiddleware,
     install_error_handlers,
     keep_freed_memory,
@@ -23,11 +24,7 @@ from tandem_http import (
     pretouch,
     read_body,
 )
-from tandem_wire import (
-    WireError,
-    encode_generate_request,
-    encode_generate_requests,
-)
+from tandem_wire import WireError, encode_generate_request_parts
 
 from .errors import RenderError
 from .media import MediaLoader
@@ -73,21 +70,23 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         in_fmt, out_fmt = negotiate(request)
         return body, in_fmt, out_fmt
 
-    def respond(data: bytes, out_fmt: Any) -> Response:
-        metrics.bytes_out.labels(out_fmt.name.lower()).inc(len(data))
-        return Response(data, media_type=out_fmt.content_type)
+    def respond(answer: Any, out_fmt: Any) -> Response:
+        parts = encode_generate_request_parts(answer, out_fmt)
+        response = PartsResponse(parts, media_type=out_fmt.content_type)
+        metrics.bytes_out.labels(out_fmt.name.lower()).inc(sum(map(len, parts)))
+        return response
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request) -> Response:
         body, in_fmt, out_fmt = await request_body(request)
         result = await request.app.state.service.render_chat(body, in_fmt)
-        return respond(encode_generate_request(result, out_fmt), out_fmt)
+        return respond(result, out_fmt)
 
     @app.post("/v1/completions/render")
     async def render_completion(request: Request) -> Response:
         body, in_fmt, out_fmt = await request_body(request)
         results = await request.app.state.service.render_completion(body, in_fmt)
-        return respond(encode_generate_requests(results, out_fmt), out_fmt)
+        return respond(results, out_fmt)
 
     @app.get("/health")
     async def health() -> Response:

@@ -1,7 +1,7 @@
 """tandem_http: HTTP plumbing shared by the render and generate services (no vLLM, no torch)."""
 
 from .auth import ApiKeyMiddleware
-from .body import BodyTooLarge, negotiate, read_body, wire_response
+from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_response
 from .errors import HTTPErrorLike, error_body, error_response, install_error_handlers
 from .memory import keep_freed_memory, pretouch
 from .metrics import (
@@ -22,6 +22,7 @@ __all__ = [
     "BodyTooLarge",
     "HTTPErrorLike",
     "InFlight",
+    "PartsResponse",
     "RequestIdMiddleware",
     "error_body",
     "error_response",

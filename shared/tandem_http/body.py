@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from tandem_wire import (
     PayloadTooLarge,
@@ -16,7 +17,7 @@ from tandem_wire import (
     format_of_content_type,
 )
 
-__all__ = ["BodyTooLarge", "negotiate", "read_body", "wire_response"]
+__all__ = ["BodyTooLarge", "PartsResponse", "negotiate", "read_body", "wire_response"]
 
 
 class BodyTooLarge(PayloadTooLarge):
@@ -68,3 +69,29 @@ def wire_response(
 ) -> Response:
     """A Response holding ``obj`` (a msgspec Struct, list or dict) encoded in ``fmt``."""
     return Response(encode_document(obj, fmt), status_code, headers, media_type=fmt.content_type)
+
+
+class PartsResponse(Response):
+    """A response whose body is a list of byte pieces, sent one after the other.
+
+    For answers holding megabytes of base64 (``encode_generate_request_parts``): joining the
+    pieces first would copy all of them once more for nothing.
+    """
+
+    def __init__(
+        self, parts: Sequence[bytes], status_code: int = 200, media_type: str | None = None
+    ) -> None:
+        self.parts = [p for p in parts if p]
+        super().__init__(
+            None, status_code, {"content-length": str(sum(map(len, parts)))}, media_type
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        last = len(self.parts) - 1
+        for i, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+        if not self.parts:
+            await send({"type": "http.response.body", "body": b""})

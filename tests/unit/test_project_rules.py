@@ -131,6 +131,7 @@ def test_wire_public_api_is_pinned():
             "decode_item_b64",
             "encode_document",
             "encode_generate_request",
+            "encode_generate_request_parts",
             "encode_generate_requests",
             "encode_item",
             "encode_item_b64",

@@ -1,4 +1,4 @@
-"""read_body limits, content negotiation and wire_response."""
+"""read_body limits, content negotiation, wire_response and PartsResponse."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tandem_http import (
+    PartsResponse,
     RequestIdMiddleware,
     install_error_handlers,
     negotiate,
@@ -37,6 +38,10 @@ def make_app() -> FastAPI:
     async def formats(request: Request) -> Response:
         body_fmt, reply_fmt = negotiate(request)
         return wire_response({"body": body_fmt.name, "reply": reply_fmt.name}, reply_fmt)
+
+    @app.get("/parts/{count}")
+    async def parts(count: int) -> Response:
+        return PartsResponse([b"", *(b"%d-" % i for i in range(count))], media_type="text/plain")
 
     app.add_middleware(RequestIdMiddleware)
     return app
@@ -153,3 +158,14 @@ async def test_wire_response_status_and_headers() -> None:
     assert response.headers["x-a"] == "b"
     assert response.media_type == MSGPACK
     assert msgspec.msgpack.decode(bytes(response.body)) == [1, 2]
+
+
+@pytest.mark.parametrize("count", [0, 1, 5])
+async def test_parts_response_sends_every_piece_under_one_content_length(count: int) -> None:
+    expected = b"".join(b"%d-" % i for i in range(count))
+    async with client(make_app()) as c:
+        r = await c.get(f"/parts/{count}")
+    assert r.status_code == 200 and r.content == expected
+    assert r.headers["content-length"] == str(len(expected))
+    assert r.headers["content-type"].startswith("text/plain")
+    assert "x-request-id" in r.headers

@@ -17,6 +17,7 @@ def test_public_api_is_pinned() -> None:
             "BodyTooLarge",
             "HTTPErrorLike",
             "InFlight",
+            "PartsResponse",
             "RequestIdMiddleware",
             "error_body",
             "error_response",

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgspec
+import pybase64
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tandem_wire import (
     DecodeLimits,
     ErrorBody,
     ErrorInfo,
     GenerateChoice,
+    GenerateRequest,
     GenerateResponse,
     InvalidDocument,
     MalformedBase64,
     MalformedBody,
+    MultiModalFeatures,
     PayloadTooLarge,
+    PlaceholderRange,
     UsageInfo,
     WireFormat,
     decode_document,
@@ -24,6 +31,7 @@ from tandem_wire import (
     decode_generate_requests,
     encode_document,
     encode_generate_request,
+    encode_generate_request_parts,
     encode_generate_requests,
     format_for_accept,
     format_of_content_type,
@@ -197,3 +205,73 @@ def test_response_and_error_documents(fmt):
         assert json.loads(encode_document(err, fmt)) == {
             "error": {"type": "mm_cache_miss", "message": "m", "code": 409}
         }
+
+
+def _many_entries_request(request_id: str = 'r\x00"\\1') -> GenerateRequest[Any]:
+    # Two modalities, metadata, a null entry (held by the generate node), an entry already in
+    # base64 text, and NUL / quote / backslash in strings the encoder has to escape.
+    return GenerateRequest(
+        token_ids=[1, 5, 5, 2, 7, 7, 7, 3],
+        request_id=request_id,
+        features=MultiModalFeatures(
+            mm_hashes={"image": ["ab" * 32, "cd" * 32], "video": ["ef" * 32]},
+            mm_placeholders={
+                "image": [
+                    PlaceholderRange(offset=1, length=2),
+                    PlaceholderRange(offset=3, length=1),
+                ],
+                "video": [PlaceholderRange(offset=4, length=3)],
+            },
+            kwargs_data={"image": [b"\x00item-0\x00", None], "video": ["aXRlbS0y"]},
+            mm_metadata={"image": [b"meta-0", b"meta-1"], "video": [b"\x00"]},
+        ),
+        sampling_params={"stop": ["\x00"]},
+    )
+
+
+def test_json_parts_join_to_the_document_with_entries_as_their_own_pieces():
+    req = _many_entries_request()
+    parts = encode_generate_request_parts(req, WireFormat.JSON)
+    binary_entries = [b"\x00item-0\x00", b"meta-0", b"meta-1", b"\x00"]
+    assert parts[1::2] == [pybase64.b64encode(e) for e in binary_entries]
+    doc = json.loads(b"".join(parts))
+    assert doc["request_id"] == req.request_id and doc["sampling_params"] == {"stop": ["\x00"]}
+    feats = doc["features"]
+    assert feats["kwargs_data"] == {
+        "image": [pybase64.b64encode(b"\x00item-0\x00").decode(), None],
+        "video": ["aXRlbS0y"],
+    }
+    assert feats["mm_metadata"]["video"] == [pybase64.b64encode(b"\x00").decode()]
+    back = decode_generate_request(b"".join(parts), WireFormat.JSON)
+    assert bytes(back.features.kwargs_data["video"][0]) == b"item-2"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_parts_of_a_list_equal_the_list_encoding(fmt):
+    reqs = [_many_entries_request("a"), golden_request(), _many_entries_request("b")]
+    joined = b"".join(encode_generate_request_parts(reqs, fmt))
+    assert joined == encode_generate_requests(reqs, fmt)
+    assert [r.request_id for r in decode_generate_requests(joined, fmt)] == ["a", "r1", "b"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    request_id=st.text(max_size=20),
+    entries=st.lists(st.one_of(st.none(), st.binary(max_size=40)), min_size=1, max_size=5),
+)
+def test_json_parts_round_trip_any_strings_and_entries(request_id, entries):
+    n = len(entries)
+    req = GenerateRequest(
+        token_ids=list(range(n)),
+        request_id=request_id,
+        features=MultiModalFeatures(
+            mm_hashes={"image": ["ab" * 32] * n},
+            mm_placeholders={"image": [PlaceholderRange(offset=i, length=1) for i in range(n)]},
+            kwargs_data={"image": entries},
+        ),
+    )
+    parts = encode_generate_request_parts(req, WireFormat.JSON)
+    back = decode_generate_request(b"".join(parts), WireFormat.JSON)
+    assert back.request_id == request_id
+    got = back.features.kwargs_data["image"]
+    assert [None if e is None else bytes(e) for e in got] == entries
