@@ -79,6 +79,15 @@ class Phase:
     cpu_by_process: dict[int, float]  # by pid
     response_bytes: int
     machine_busy_cores: float  # every process, this client included
+    floor: Floor | None = None  # measured just before and just after the phase
+
+    @property
+    def floor_ms(self) -> float:
+        return self.floor.cpu_ms if self.floor else float("nan")
+
+    @property
+    def cpu_over_floor(self) -> float:
+        return self.cpu_ms / self.floor_ms
 
     @property
     def other_cores(self) -> float:
@@ -129,6 +138,11 @@ class Floor:
     decode_cpu_s: float
     processor_cpu_s: float
 
+    @classmethod
+    def from_samples(cls, samples: list[tuple[float, float, float, float]]) -> Floor:
+        cols = list(zip(*samples, strict=True))
+        return cls(*(statistics.median(col) for col in cols))
+
     @property
     def wall_ms(self) -> float:
         return (self.decode_s + self.processor_s) * 1000
@@ -145,35 +159,45 @@ class ServerFailed(RuntimeError):
 # -- processor-only floor ------------------------------------------------------------------------
 
 
-def measure_floor(model_dir: Path, runs: int) -> Floor:
-    """Median PNG decode and vLLM processor time for one image, in this process, no server."""
-    from vllm.config import ModelConfig
-    from vllm.multimodal import MULTIMODAL_REGISTRY
-    from vllm.utils.torch_utils import set_default_torch_num_threads
+class FloorMeter:
+    """PNG decode + vLLM processor per image, in this process, no server.
 
-    proc = MULTIMODAL_REGISTRY.create_processor(
-        ModelConfig(model=str(model_dir), max_model_len=4096)
-    )
-    tok = proc.info.get_tokenizer()
-    messages = [
-        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_TEXT}]}
-    ]
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tok.encode(text, add_special_tokens=False)
-    # A fresh image per run, so no cache keyed by content can answer; one extra run first
-    # absorbs one-off costs (lazy imports, first torch kernels) and is not counted.
-    images = [png_bytes(IMAGE_SIDE, IMAGE_SIDE, FLOOR_SEED + i) for i in range(runs + 1)]
-    samples: list[tuple[float, float, float, float]] = []
-    # One torch thread, as vLLM's renderer runs its processor (set_default_torch_num_threads):
-    # with more, idle OpenMP threads spin after each call and that CPU lands on the next
-    # decode (measured: 8.7 ms of process CPU for a 4.4 ms decode on 2 cores).
-    with set_default_torch_num_threads():
-        for i, data in enumerate(images):
-            timings = time_one_image(proc, ids, data)
-            if i:
-                samples.append(timings)
-    cols = list(zip(*samples, strict=True))
-    return Floor(*(statistics.median(col) for col in cols))
+    Measured again around every timed phase, not once: this machine's speed drifts over
+    minutes (the same floor measured 6.9 ms and 9.6 ms a few minutes apart), so a server's CPU
+    is only fairly compared with a floor taken at the same time.
+    """
+
+    def __init__(self, model_dir: Path) -> None:
+        from vllm.config import ModelConfig
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        self.proc = MULTIMODAL_REGISTRY.create_processor(
+            ModelConfig(model=str(model_dir), max_model_len=4096)
+        )
+        tok = self.proc.info.get_tokenizer()
+        messages = [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_TEXT}]}
+        ]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        self.ids = tok.encode(text, add_special_tokens=False)
+        self.next_seed = FLOOR_SEED
+
+    def samples(self, runs: int) -> list[tuple[float, float, float, float]]:
+        """``runs`` timings, each on an image no cache keyed by content has seen."""
+        from vllm.utils.torch_utils import set_default_torch_num_threads
+
+        images = [png_bytes(IMAGE_SIDE, IMAGE_SIDE, self.next_seed + i) for i in range(runs + 1)]
+        self.next_seed += runs + 1
+        # One torch thread, as vLLM's renderer runs its processor (set_default_torch_num_threads):
+        # with more, idle OpenMP threads spin after each call and that CPU lands on the next
+        # decode (measured: 8.7 ms of process CPU for a 4.4 ms decode on 2 cores). The first
+        # run absorbs one-off costs (lazy imports, first torch kernels) and is not counted.
+        with set_default_torch_num_threads():
+            timings = [time_one_image(self.proc, self.ids, data) for data in images]
+        return timings[1:]
+
+    def measure(self, runs: int) -> Floor:
+        return Floor.from_samples(self.samples(runs))
 
 
 def time_one_image(proc: Any, ids: list[int], data: bytes) -> tuple[float, float, float, float]:
@@ -396,8 +420,25 @@ def describe(phase: Phase, roles: dict[int, str]) -> str:
         f"{phase.throughput:.1f} req/s, server CPU {phase.server_cpu_s:.1f} s "
         f"(by process: {shares}), machine busy {phase.machine_busy_cores:.2f} cores "
         f"({phase.other_cores:.2f} outside the benchmark), "
-        f"answer {phase.response_bytes / max(phase.ok, 1) / 1e6:.2f} MB"
+        f"answer {phase.response_bytes / max(phase.ok, 1) / 1e6:.2f} MB, "
+        f"floor around it {phase.floor_ms:.2f} ms"
     )
+
+
+def timed_phase(
+    server: ServerProcess,
+    key: str,
+    chunk: list[bytes],
+    concurrency: int,
+    binary: bool,
+    meter: FloorMeter,
+    floor_runs: int,
+) -> Phase:
+    """One timed phase between two floor measurements (the server is idle during both)."""
+    before = meter.samples(floor_runs)
+    phase = asyncio.run(drive(server, key, chunk, concurrency, binary))
+    phase.floor = Floor.from_samples(before + meter.samples(floor_runs))
+    return phase
 
 
 def run_config(
@@ -406,6 +447,7 @@ def run_config(
     bodies: Callable[[bool], list[bytes]],
     repeat_body: Callable[[bool], bytes],
     counts: argparse.Namespace,
+    meter: FloorMeter,
 ) -> ConfigResult:
     """Start a fresh server for ``cfg``, run its phases, always stop it."""
     port = free_port()
@@ -434,7 +476,9 @@ def run_config(
         for key, chunk, concurrency in phases:
             check_alive(server)
             wait_quiet(counts.quiet_wait)
-            phase = asyncio.run(drive(server, key, chunk, concurrency, cfg.binary))
+            phase = timed_phase(
+                server, key, chunk, concurrency, cfg.binary, meter, counts.phase_floor_runs
+            )
             result.phases[key] = phase
             print(describe(phase, roles), flush=True)
         if cfg.repeat:
@@ -444,7 +488,9 @@ def run_config(
             sanity_check(server, same, cfg.binary)
             check_alive(server)
             wait_quiet(counts.quiet_wait)
-            phase = asyncio.run(drive(server, "repeat", [same] * c8, 8, cfg.binary))
+            phase = timed_phase(
+                server, "repeat", [same] * c8, 8, cfg.binary, meter, counts.phase_floor_runs
+            )
             result.phases["repeat"] = phase
             print(describe(phase, roles), flush=True)
         check_alive(server)
@@ -477,15 +523,21 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
     print("\n" + "=" * 100)
     for line in header:
         print(line)
+    around = [p.floor.cpu_ms for r in results for p in r.phases.values() if p.floor]
     print(
-        f"floor per image (median of runs, in-process): PNG decode {floor.decode_s * 1000:.2f} ms"
-        f" + vLLM processor {floor.processor_s * 1000:.2f} ms = {floor.wall_ms:.2f} ms wall;"
-        f" CPU time {floor.decode_cpu_s * 1000:.2f} + {floor.processor_cpu_s * 1000:.2f}"
-        f" = {floor.cpu_ms:.2f} ms (CPU/floor uses the CPU-time floor)"
+        f"floor per image (median of runs, in-process), at the start: PNG decode "
+        f"{floor.decode_s * 1000:.2f} ms + vLLM processor {floor.processor_s * 1000:.2f} ms = "
+        f"{floor.wall_ms:.2f} ms wall; CPU time {floor.decode_cpu_s * 1000:.2f} + "
+        f"{floor.processor_cpu_s * 1000:.2f} = {floor.cpu_ms:.2f} ms"
     )
+    if around:
+        print(
+            f"floor measured again around each phase (the CPU/floor ratios use those): "
+            f"{min(around):.2f} - {max(around):.2f} ms CPU"
+        )
     columns = (
         f"{'config':<28} {'conc':>4} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} "
-        f"{'CPU ms/req':>10} {'CPU/floor':>9} {'errors':>6} {'client ms/req':>13} "
+        f"{'CPU ms/req':>10} {'floor ms':>8} {'CPU/floor':>9} {'errors':>6} {'client ms/req':>13} "
         f"{'other cores':>11}"
     )
     print("\n" + columns)
@@ -496,7 +548,8 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
             print(
                 f"{name:<28} {phase.concurrency:>4} {phase.throughput:>7.1f} "
                 f"{phase.latency_ms(50):>8.1f} {phase.latency_ms(95):>8.1f} "
-                f"{phase.cpu_ms:>10.1f} {phase.cpu_ms / floor.cpu_ms:>8.2f}x "
+                f"{phase.cpu_ms:>10.1f} {phase.floor_ms:>8.2f} "
+                f"{phase.cpu_over_floor:>8.2f}x "
                 f"{len(phase.errors):>6} {phase.client_cpu_ms:>13.1f} {phase.other_cores:>11.2f}"
             )
         if res.failure:
@@ -538,18 +591,18 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
         ratio = binary.throughput / up.throughput
         print(f"  throughput {BINARY} / upstream, c=8: {ratio:.3f}x{skew(binary, up)}")
     for label, p in ((PRIMARY, ours), (BINARY, binary)):
-        if p:
-            ratio = p.cpu_ms / floor.cpu_ms
+        if p and p.floor:
+            ratio = p.cpu_over_floor
             print(
-                f"  server CPU / floor, {label}, c=8: {p.cpu_ms:.1f} / {floor.cpu_ms:.1f} ms = "
+                f"  server CPU / floor, {label}, c=8: {p.cpu_ms:.1f} / {p.floor.cpu_ms:.1f} ms = "
                 f"{ratio:.3f}x (target <= {TARGET_CPU_OVER_FLOOR}x)  "
                 f"{mark(ratio <= TARGET_CPU_OVER_FLOOR)}; against the wall-time floor "
-                f"{p.cpu_ms / floor.wall_ms:.2f}x{skew(p)}"
+                f"{p.cpu_ms / p.floor.wall_ms:.2f}x, against the start floor "
+                f"{p.cpu_ms / floor.cpu_ms:.2f}x{skew(p)}"
             )
-    if up:
+    if up and up.floor:
         print(
-            f"  server CPU / floor, upstream, c=8: {up.cpu_ms / floor.cpu_ms:.2f}x (reference)"
-            f"{skew(up)}"
+            f"  server CPU / floor, upstream, c=8: {up.cpu_over_floor:.2f}x (reference){skew(up)}"
         )
     for label, target in ((PRIMARY, True), ("upstream", False)):
         first, same = phase(label, "c8"), phase(label, "repeat")
@@ -594,6 +647,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="warm-up requests per server")
     parser.add_argument("--floor-runs", type=int, default=50, help="processor floor samples")
     parser.add_argument(
+        "--phase-floor-runs",
+        type=int,
+        default=15,
+        help="floor samples taken just before and again just after each timed phase",
+    )
+    parser.add_argument(
         "--quiet-wait",
         type=float,
         default=300.0,
@@ -603,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.requests_c1, args.warmup, args.floor_runs = 40, 10, 5, 10
-    if min(args.requests, args.requests_c1, args.warmup, args.floor_runs) < 1:
+        args.phase_floor_runs = 3
+    counts = (args.requests, args.requests_c1, args.warmup, args.floor_runs, args.phase_floor_runs)
+    if min(counts) < 1:
         parser.error("counts must be at least 1")
 
     model_dir = ensure_model(MODEL)
@@ -624,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
     # Before any server starts, so it runs on an idle machine.
     wait_quiet(args.quiet_wait)
     print(f"measuring the processor floor ({args.floor_runs} images)...", flush=True)
-    floor = measure_floor(model_dir, args.floor_runs)
+    meter = FloorMeter(model_dir)
+    floor = meter.measure(args.floor_runs)
     print(f"  floor {floor.wall_ms:.2f} ms wall, {floor.cpu_ms:.2f} ms CPU per image", flush=True)
 
     total = args.warmup + args.requests + args.requests_c1
@@ -641,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         return encoded[binary]
 
     results = [
-        run_config(cfg, model_dir, bodies, lambda b: encode_body(model, repeat_png, b), args)
+        run_config(cfg, model_dir, bodies, lambda b: encode_body(model, repeat_png, b), args, meter)
         for cfg in CONFIGS
     ]
     print_report(results, floor, header)
