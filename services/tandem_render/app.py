@@ -73,7 +73,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     def respond(answer: Any, out_fmt: Any) -> Response:
         parts = encode_generate_request_parts(answer, out_fmt)
         response = PartsResponse(parts, media_type=out_fmt.content_type)
-        metrics.bytes_out.labels(out_fmt.name.lower()).inc(sum(map(len, parts)))
+        metrics.bytes_out.labels(out_fmt.name.lower()).inc(response.length)
         return response
 
     @app.post("/v1/chat/completions/render")

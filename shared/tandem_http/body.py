@@ -81,10 +81,9 @@ class PartsResponse(Response):
     def __init__(
         self, parts: Sequence[bytes], status_code: int = 200, media_type: str | None = None
     ) -> None:
-        self.parts = [p for p in parts if p]
-        super().__init__(
-            None, status_code, {"content-length": str(sum(map(len, parts)))}, media_type
-        )
+        self.parts = [p for p in parts if p] or [b""]
+        self.length = sum(map(len, self.parts))
+        super().__init__(None, status_code, {"content-length": str(self.length)}, media_type)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
@@ -93,5 +92,3 @@ class PartsResponse(Response):
         last = len(self.parts) - 1
         for i, part in enumerate(self.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
-        if not self.parts:
-            await send({"type": "http.response.body", "body": b""})

@@ -245,11 +245,8 @@ def _json_parts(doc: GenerateRequest[Any] | list[GenerateRequest[Any]]) -> list[
         encoded.append(pybase64.b64encode(entry))
         return _ENTRY_MARK
 
-    marked: Any = (
-        [_with_entries(r, mark) for r in doc] if isinstance(doc, list) else _with_entries(doc, mark)
-    )
     # Entries are marked in the order msgspec writes them (field, then key, then list order).
-    frame = _JSON_ENCODER.encode(marked).split(b"\x00")
+    frame = _JSON_ENCODER.encode(_with_doc_entries(doc, mark)).split(b"\x00")
     parts = [frame[0]]
     for data, text in zip(encoded, frame[1:], strict=True):
         parts += (data, text)
@@ -264,9 +261,15 @@ def encode_generate_request_parts(
     of base64 are never copied into one buffer."""
     if fmt is WireFormat.JSON:
         return _json_parts(req)
-    if isinstance(req, list):
-        return [_MSGPACK_ENCODER.encode([_with_entries(r, _as_bytes_entry) for r in req])]
-    return [_MSGPACK_ENCODER.encode(_with_entries(req, _as_bytes_entry))]
+    return [_MSGPACK_ENCODER.encode(_with_doc_entries(req, _as_bytes_entry))]
+
+
+def _with_doc_entries(
+    doc: GenerateRequest[Any] | list[GenerateRequest[Any]], fn: Callable[[Any], Any]
+) -> Any:
+    if isinstance(doc, list):
+        return [_with_entries(r, fn) for r in doc]
+    return _with_entries(doc, fn)
 
 
 def encode_generate_request(req: GenerateRequest[Any], fmt: WireFormat) -> bytes:
