@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import threading
 from collections.abc import Sequence
 
 import uvicorn
@@ -13,6 +15,9 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from .app import create_app
 from .engine import Engine
 from .settings import GenerateSettings
+
+ENGINE_DIED_EXIT_CODE = os.EX_SOFTWARE
+"""The process's exit status when it stopped because the vLLM engine died."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
@@ -57,16 +62,29 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings, engine_args = parse_args(argv)
-    app = create_app(settings, lambda: Engine(engine_args))
+    engine_died = threading.Event()
+    server: uvicorn.Server | None = None
+
+    def stop_on_engine_death() -> None:
+        engine_died.set()
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, lambda: Engine(engine_args), on_engine_dead=stop_on_engine_death)
     # One process: the engine lives here; vLLM's engine core runs in its own child process.
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
-        proxy_headers=False,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            timeout_graceful_shutdown=30,
+            proxy_headers=False,
+        )
     )
+    server.run()
+    if engine_died.is_set():
+        sys.exit(ENGINE_DIED_EXIT_CODE)
 
 
 if __name__ == "__main__":

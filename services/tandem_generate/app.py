@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -39,9 +40,13 @@ def create_app(
     engine_factory: Callable[[], Engine],
     *,
     shutdown_engine: bool = True,
+    on_engine_dead: Callable[[], None] | None = None,
 ) -> FastAPI:
     """Build the app; the engine is made by ``engine_factory`` at start-up (lifespan), so health
-    answers only once the engine is ready. Tests pass a factory returning a shared engine."""
+    answers only once the engine is ready. Tests pass a factory returning a shared engine.
+
+    ``on_engine_dead`` is called once if the engine dies; the server entry point stops the
+    process with it (a node with a dead engine only answers errors)."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = GenerateMetrics.create(registry)
     limits = DecodeLimits(max_body_bytes=settings.max_body_bytes)
@@ -57,9 +62,15 @@ def create_app(
                 seconds,
             )
         app.state.service = GenerateService(settings, engine, metrics)
+        watch = None
+        if on_engine_dead is not None:
+            watch = asyncio.create_task(_watch_engine(engine, settings.engine_watch_s))
+            watch.add_done_callback(lambda t: t.cancelled() or on_engine_dead())
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             if shutdown_engine:
                 engine.shutdown()
 
@@ -116,3 +127,10 @@ def create_app(
         return metrics_response(registry)
 
     return app
+
+
+async def _watch_engine(engine: Engine, interval_s: float) -> None:
+    """Return once the engine has died (its core process exited or its output loop failed)."""
+    while not engine.errored:
+        await asyncio.sleep(interval_s)
+    log.error("the vLLM engine died; stopping this server so that it is restarted")

@@ -7,22 +7,28 @@ processor entirely on this path.
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import numpy as np
+from vllm.config import SchedulerConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import mm_input
 from vllm.multimodal.inputs import MultiModalKwargsItems, PlaceholderRange
 from vllm.outputs import RequestOutput
+from vllm.platforms import current_platform
 from vllm.sampling_params import SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from tandem_vllm.items import item_from_vllm, placeholder_from_vllm
 
+from .errors import EngineNotReady
 from .model_spec import ModelSpec, modality_spec
+from .sampling import MaxTokensDefaults
 
 __all__ = ["Engine"]
 
@@ -34,15 +40,19 @@ class Engine:
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         self.llm = AsyncLLM.from_engine_args(
-            engine_args, usage_context=UsageContext.OPENAI_API_SERVER
+            seed_safe_engine_args(engine_args), usage_context=UsageContext.OPENAI_API_SERVER
         )
         self.vllm_config = self.llm.vllm_config
+        self.seeded_sampling_safe = not (
+            current_platform.is_cpu() and self.vllm_config.scheduler_config.enable_chunked_prefill
+        )
         mc = self.vllm_config.model_config
         self.model_config = mc
         self.max_model_len: int = mc.max_model_len
         self.vocab_size: int = mc.get_vocab_size()
         self.max_num_seqs: int = self.vllm_config.scheduler_config.max_num_seqs
         self.max_logprobs: int = mc.max_logprobs
+        self.max_tokens_defaults = MaxTokensDefaults.from_model_config(mc)
         self.spec = probe_model(mc) if mc.is_multimodal_model else ModelSpec()
 
     def generate(
@@ -81,12 +91,14 @@ class Engine:
             prompt = {"type": "token", "prompt_token_ids": token_ids}
             if cache_salt is not None:
                 prompt["cache_salt"] = cache_salt
-        return self.llm.generate(
-            prompt,
-            sampling_params,
-            request_id,
-            priority=priority,
-            reasoning_ended=reasoning_ended,
+        return _typed_engine_errors(
+            self.llm.generate(
+                prompt,
+                sampling_params,
+                request_id,
+                priority=priority,
+                reasoning_ended=reasoning_ended,
+            )
         )
 
     async def abort(self, request_id: str) -> None:
@@ -104,6 +116,43 @@ class Engine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+async def _typed_engine_errors(
+    outputs: AsyncGenerator[RequestOutput, None],
+) -> AsyncGenerator[RequestOutput, None]:
+    """The engine's outputs; its death becomes a 503 that clients retry on another node."""
+    try:
+        async for out in outputs:
+            yield out
+    except EngineDeadError:
+        raise EngineNotReady("the engine died; this node is restarting") from None
+    finally:
+        await outputs.aclose()  # a consumer that stops early aborts the engine request
+
+
+def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:
+    """On vLLM's CPU build, prefills are not split across steps unless the operator asks.
+
+    When a prefill is split, vLLM rewinds the random generator of a seeded request by its
+    Philox offset, which a CPU ``torch.Generator`` does not have: the engine core dies
+    ("CPU Generator does not use offset") and takes every later request with it. Whole
+    prefills never take that path, and cost nothing on a CPU, where chunking buys no overlap.
+    """
+    if not current_platform.is_cpu() or engine_args.enable_chunked_prefill is not None:
+        return engine_args
+    args = copy.copy(engine_args)
+    max_len = args.max_model_len or args.create_model_config().max_model_len
+    args.enable_chunked_prefill = False
+    # Without chunking, one step must hold the longest prompt.
+    args.max_num_batched_tokens = max(
+        args.max_num_batched_tokens or 0, max_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    )
+    log.info(
+        "CPU build: chunked prefill off, max_num_batched_tokens=%d (seeded sampling stays safe)",
+        args.max_num_batched_tokens,
+    )
+    return args
 
 
 def probe_model(model_config: Any) -> ModelSpec:

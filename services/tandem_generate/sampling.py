@@ -5,12 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 
 from .errors import UnsupportedSamplingParams
 
-__all__ = ["ALLOWED_FIELDS", "IGNORED_FIELDS", "build_sampling_params"]
+__all__ = [
+    "ALLOWED_FIELDS",
+    "IGNORED_FIELDS",
+    "MaxTokensDefaults",
+    "build_sampling_params",
+    "default_max_tokens",
+]
 
 # What a caller may set. Left out on purpose: `extra_args` and `structured_outputs` (engine-side
 # plugins and grammars are a server decision), and vLLM's private `_...` fields.
@@ -45,8 +52,46 @@ ALLOWED_FIELDS = frozenset(
         "repetition_detection",
     }
 )
-# Written by render for the engine's own bookkeeping; the server sets them per request.
-IGNORED_FIELDS = frozenset({"output_kind", "skip_clone", "stream_interval"})
+# Written by render for the engine's own bookkeeping; the server sets them per request, or
+# vLLM derives them again (``output_text_buffer_length`` from the stop strings).
+IGNORED_FIELDS = frozenset(
+    {"output_kind", "skip_clone", "stream_interval", "output_text_buffer_length"}
+)
+
+
+class MaxTokensDefaults(msgspec.Struct, frozen=True):
+    """What upstream's generate falls back on when a request leaves ``max_tokens`` out."""
+
+    max_model_len: int
+    generation_config: int | None = None
+    """``max_tokens`` from the model's generation config (``--generation-config``), if any."""
+    override: int | None = None
+    """``max_new_tokens`` from ``--override-generation-config``, if any."""
+
+    @classmethod
+    def from_model_config(cls, model_config: Any) -> MaxTokensDefaults:
+        # The same two sources upstream's OpenAI and generate servers read.
+        defaults = model_config.get_diff_sampling_param()
+        if model_config.generation_config not in ("auto", "vllm"):
+            override = defaults.get("max_tokens")
+        else:
+            override = (getattr(model_config, "override_generation_config", None) or {}).get(
+                "max_new_tokens"
+            )
+        return cls(model_config.max_model_len, defaults.get("max_tokens"), override)
+
+
+def default_max_tokens(defaults: MaxTokensDefaults, prompt_len: int) -> int:
+    """``max_tokens`` for a request that left it out: what upstream's generate uses, i.e. the
+    room left in the context, capped by the model's generation config (not 16, the dataclass
+    default of ``SamplingParams``)."""
+    return get_max_tokens(
+        max_model_len=defaults.max_model_len,
+        max_tokens=None,
+        input_length=prompt_len,
+        default_sampling_params={"max_tokens": defaults.generation_config},
+        override_max_tokens=defaults.override,
+    )
 
 
 def build_sampling_params(

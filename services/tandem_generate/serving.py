@@ -17,11 +17,18 @@ from tandem_wire import (
 )
 
 from .engine import Engine
-from .errors import BadRequest, EngineNotReady, ModelNotFound, Overloaded, PromptTooLong
+from .errors import (
+    BadRequest,
+    EngineNotReady,
+    ModelNotFound,
+    Overloaded,
+    PromptTooLong,
+    UnsupportedSamplingParams,
+)
 from .inputs import InputBuilder, ItemStore
 from .metrics import GenerateMetrics
 from .outputs import full_response, stream_choice, usage_chunk
-from .sampling import build_sampling_params
+from .sampling import build_sampling_params, default_max_tokens
 from .settings import GenerateSettings
 
 __all__ = ["GenerateService"]
@@ -67,8 +74,19 @@ class GenerateService:
             max_n=self.engine.max_num_seqs,
             max_logprobs=self.engine.max_logprobs,
         )
+        if params.seed is not None and not self.engine.seeded_sampling_safe:
+            raise UnsupportedSamplingParams(
+                "seeded sampling would crash vLLM's CPU engine with chunked prefill on; "
+                "this server must run with --no-enable-chunked-prefill to take seeds",
+                param="sampling_params.seed",
+            )
         room = self.engine.max_model_len - len(req.token_ids)
-        if "max_tokens" not in req.sampling_params or params.max_tokens is None:
+        if room > 0 and "max_tokens" not in req.sampling_params:
+            # Absent means what it means to upstream's generate (not SamplingParams' 16).
+            params.max_tokens = default_max_tokens(
+                self.engine.max_tokens_defaults, len(req.token_ids)
+            )
+        elif params.max_tokens is None:  # an explicit null: as long as the context allows
             params.max_tokens = room
         if room <= 0 or params.max_tokens > room:
             raise PromptTooLong(

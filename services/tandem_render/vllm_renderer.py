@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-import msgspec
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -35,6 +34,7 @@ from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.utils.async_utils import make_async
 
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
+from tandem_vllm.sampling import sampling_params_to_wire
 from tandem_wire import GenerateRequest
 
 from .errors import BadRequest, ModelNotFound, PromptTooLong, RenderError
@@ -201,7 +201,7 @@ class EngineRenderer:
             request_id=req.request_id,
             token_ids=req.token_ids,
             features=features,
-            sampling_params=msgspec.to_builtins(req.sampling_params),
+            sampling_params=sampling_params_to_wire(req.sampling_params),
             model=req.model,
             stream=req.stream,
             stream_options=(
