@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,12 +25,13 @@ from tandem_wire import (
 from .errors import (
     CacheMissError,
     ServerError,
+    TandemError,
     TransportError,
     error_from_response,
 )
 from .media import ImageLike, image_source
 from .rollout import RolloutResult, rollout
-from .routing import RoundRobin, rendezvous
+from .routing import RoundRobin, rendezvous_order
 
 __all__ = ["AsyncTandemClient"]
 
@@ -56,6 +58,9 @@ class _Held:
     def discard(self, key: tuple[str, str]) -> None:
         self._keys.pop(key, None)
 
+    def clear(self) -> None:
+        self._keys.clear()
+
 
 def _strings(urls: str | Sequence[str]) -> list[str]:
     return [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
@@ -67,7 +72,9 @@ class AsyncTandemClient:
     Binary (msgpack) bodies by default; ``binary=False`` speaks upstream-compatible JSON, which
     also works against upstream vLLM's render and generate servers. Connection errors and
     429/503 answers are retried with exponential backoff (at most ``max_retries`` times); input
-    errors (other 4xx) never are.
+    errors (other 4xx) never are. A generate node that cannot be reached or answers 503 (its
+    engine died) is skipped for ``node_cooldown_s`` and its requests move to the next node in
+    their affinity order, with the items that node lacks.
     """
 
     def __init__(
@@ -83,6 +90,7 @@ class AsyncTandemClient:
         max_retries: int = 3,
         backoff_s: float = 0.5,
         held_items_per_node: int = 100_000,
+        node_cooldown_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.model = model
@@ -92,6 +100,8 @@ class AsyncTandemClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self._held = {url: _Held(held_items_per_node) for url in self.generate_urls}
+        self.node_cooldown_s = node_cooldown_s
+        self._down_until: dict[str, float] = {}
         self._slots = asyncio.Semaphore(max_concurrency)
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
@@ -120,8 +130,10 @@ class AsyncTandemClient:
         )
 
     async def _post(
-        self, url: str, content: bytes, fmt: WireFormat | None = None
+        self, url: str, content: bytes, fmt: WireFormat | None = None, *, failover: bool = False
     ) -> httpx.Response:
+        """POST with retries; with ``failover``, an unreachable node or a 503 raises at once
+        (the caller moves the request to another node instead of waiting on this one)."""
         fmt = fmt or self.fmt
         headers = {"content-type": fmt.content_type, "accept": fmt.content_type}
         for attempt in range(self.max_retries + 1):
@@ -130,13 +142,14 @@ class AsyncTandemClient:
                 async with self._slots:
                     r = await self._http.post(url, content=content, headers=headers)
             except httpx.TransportError as exc:
-                if last:
+                if last or failover:
                     raise TransportError(f"{url}: {type(exc).__name__}: {exc}") from exc
                 await asyncio.sleep(self._delay(attempt))
                 continue
             if r.status_code < 400:
                 return r
-            if r.status_code in _RETRY_STATUSES and not last:
+            retry = r.status_code == 429 or (r.status_code == 503 and not failover)
+            if retry and not last:
                 await asyncio.sleep(self._delay(attempt, r.headers.get("retry-after")))
                 continue
             raise error_from_response(r.status_code, _error_body(r), url)
@@ -215,7 +228,11 @@ class AsyncTandemClient:
 
     def route(self, request: GenerateRequest[Any]) -> str:
         """The generate node for a request: by its first item hash, so repeats of an image go
-        where its tensors already are; by request id for text-only prompts."""
+        where its tensors already are; by request id for text-only prompts. Nodes that failed
+        recently come last."""
+        return self._nodes_for(request)[0]
+
+    def _nodes_for(self, request: GenerateRequest[Any]) -> list[str]:
         feats = request.features
         key = request.request_id
         if feats is not None:
@@ -223,36 +240,63 @@ class AsyncTandemClient:
                 if feats.mm_hashes[modality]:
                     key = feats.mm_hashes[modality][0]
                     break
-        return rendezvous(key, self.generate_urls)
+        now = time.monotonic()
+        order = rendezvous_order(key, self.generate_urls)
+        return sorted(order, key=lambda url: self._down_until.get(url, 0.0) > now)
+
+    def _node_failed(self, url: str) -> None:
+        self._down_until[url] = time.monotonic() + self.node_cooldown_s
+        # A node that comes back is a new process: it holds nothing we sent before.
+        self._held[url].clear()
 
     async def generate(self, request: GenerateRequest[Any], **sampling: Any) -> GenerateResponse:
         """Generate for a render output (``sampling`` overrides its sampling_params).
 
         Items the chosen node already holds are sent as null; if it answers 409
         ``mm_cache_miss`` (it evicted them, or restarted), they are resent with their data.
+        If the node is unreachable or its engine died (503), the request moves to the next
+        node in its affinity order.
         """
         return await self._generate(request, None, sampling)
 
     async def _generate(
-        self, request: GenerateRequest[Any], _raw: httpx.Response | None, sampling: dict[str, Any]
+        self, request: GenerateRequest[Any], raw: httpx.Response | None, sampling: dict[str, Any]
     ) -> GenerateResponse:
         if sampling:
             request = msgspec.structs.replace(
                 request, sampling_params={**request.sampling_params, **sampling}
             )
-        url = self.route(request)
+            raw = None  # render's bytes no longer say what is asked
+        failure: TandemError = TransportError("no generate node is configured")
+        for attempt in range(self.max_retries + 1):
+            # Every node once, best first; then wait and go round again (nodes restart).
+            for url in self._nodes_for(request):
+                try:
+                    return await self._generate_on(url, request, raw)
+                except (TransportError, ServerError) as exc:
+                    if isinstance(exc, ServerError) and exc.status_code != 503:
+                        raise
+                    self._node_failed(url)
+                    failure = exc
+            if attempt < self.max_retries:
+                await asyncio.sleep(self._delay(attempt))
+        raise failure
+
+    async def _generate_on(
+        self, url: str, request: GenerateRequest[Any], raw: httpx.Response | None
+    ) -> GenerateResponse:
         held = self._held[url]
         tenant = request.cache_salt or ""
         skip = {k for k in _item_keys(request, tenant) if k in held}
         for _ in range(3):
             fmt = self.fmt
-            if _raw is not None and not skip and not sampling:
+            if raw is not None and not skip:
                 # Render's answer goes on byte for byte: nothing to hold back, nothing changed.
-                body, fmt = _raw.content, self._answer_format(_raw)
+                body, fmt = raw.content, self._answer_format(raw)
             else:
                 body = encode_generate_request(_without(request, skip, tenant), self.fmt)
             try:
-                r = await self._post(f"{url}/inference/v1/generate", body, fmt)
+                r = await self._post(f"{url}/inference/v1/generate", body, fmt, failover=True)
             except CacheMissError as exc:
                 missing = {(tenant, h) for hashes in exc.missing.values() for h in hashes}
                 for key in missing:
@@ -278,9 +322,50 @@ class AsyncTandemClient:
     async def chat(
         self, messages: list[dict[str, Any]], *, model: str | None = None, **fields: Any
     ) -> GenerateResponse:
-        """Render then generate; the render output is posted on as it came."""
+        """Render then generate. The render output is posted on as it came unless it does not
+        carry a sampling field the caller asked for (render leaves out values equal to vLLM's
+        defaults); then that field is written into the generate request explicitly."""
         request, raw = await self._render_chat(messages, model=model, **fields)
-        return await self._generate(request, raw, {})
+        asked = chat_sampling_fields(fields)
+        missing = {k: v for k, v in asked.items() if request.sampling_params.get(k, _ABSENT) != v}
+        return await self._generate(request, raw, missing)
+
+
+_ABSENT = object()
+
+# Chat-request fields that are vLLM SamplingParams fields of the same name and meaning.
+_SAME_NAME_SAMPLING_FIELDS = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+    "prompt_logprobs",
+)
+
+
+def chat_sampling_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The SamplingParams fields an OpenAI-style chat request asks for, as vLLM maps them."""
+    out = {k: fields[k] for k in _SAME_NAME_SAMPLING_FIELDS if fields.get(k) is not None}
+    if isinstance(out.get("stop"), str):
+        out["stop"] = [out["stop"]]
+    max_tokens = fields.get("max_completion_tokens", fields.get("max_tokens"))
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    if fields.get("logprobs"):
+        out["logprobs"] = fields.get("top_logprobs") or 0
+    return out
 
 
 def _drop_none(body: dict[str, Any]) -> dict[str, Any]:

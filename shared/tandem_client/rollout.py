@@ -83,8 +83,10 @@ async def rollout(
         "max_tokens": max_tokens,
         "logprobs": logprobs,
         "seed": seed,
-        "mm_processor_kwargs": mm_processor_kwargs,
     }
+    # Sent to generate explicitly, whatever render writes: render leaves out values equal to
+    # vLLM's defaults, and an absent field may mean something else on the generate side.
+    sampling = {k: v for k, v in sampling.items() if v is not None}
     bar = _progress(len(prompts), progress)
 
     async def one_batch(start: int) -> list[tuple[list[int], GenerateResponse]]:
@@ -94,9 +96,10 @@ async def rollout(
             batch,  # type: ignore[arg-type]
             images=None if images is None else images[start:stop],
             model=model,
+            mm_processor_kwargs=mm_processor_kwargs,
             **sampling,
         )
-        answers = await asyncio.gather(*(client.generate(r) for r in requests))
+        answers = await asyncio.gather(*(client.generate(r, **sampling) for r in requests))
         bar.update(len(batch))
         return [(list(r.token_ids), a) for r, a in zip(requests, answers, strict=True)]
 

@@ -6,7 +6,7 @@ import hashlib
 import itertools
 from collections.abc import Sequence
 
-__all__ = ["RoundRobin", "rendezvous"]
+__all__ = ["RoundRobin", "rendezvous", "rendezvous_order"]
 
 
 class RoundRobin:
@@ -22,7 +22,17 @@ class RoundRobin:
         return self.urls[next(self._next)]
 
 
+def _score(key: str, url: str) -> bytes:
+    return hashlib.blake2b(f"{url}|{key}".encode(), digest_size=8).digest()
+
+
 def rendezvous(key: str, urls: Sequence[str]) -> str:
     """The URL with the highest hash for ``key``: stable, and adding or removing a node only
     moves the keys that node wins or held (so repeats of an image keep hitting its cache)."""
-    return max(urls, key=lambda u: hashlib.blake2b(f"{u}|{key}".encode(), digest_size=8).digest())
+    return max(urls, key=lambda u: _score(key, u))
+
+
+def rendezvous_order(key: str, urls: Sequence[str]) -> list[str]:
+    """Every URL, best first for ``key``: where its requests go when the nodes before fail
+    (each failed node's keys spread over the others; no other key moves)."""
+    return sorted(urls, key=lambda u: _score(key, u), reverse=True)
