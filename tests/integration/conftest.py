@@ -9,8 +9,9 @@ from tools.tiny_models import ensure_model
 
 
 @pytest.fixture(scope="session")
-def fleet():
-    """Upstream render + serve (with scale-out), ours render + generate, on the tiny Qwen2-VL."""
+def fleet_servers():
+    """Upstream render + serve (with scale-out), ours render + generate, on the tiny Qwen2-VL:
+    the model folder and the ServerProcess of each."""
     model = str(ensure_model("qwen2-vl"))
     procs = {
         "up_render": upstream_render(model),
@@ -21,7 +22,14 @@ def fleet():
     try:
         for proc in procs.values():
             proc.wait_healthy(timeout=300)
-        yield model, {name: p.url for name, p in procs.items()}
+        yield model, procs
     finally:
         for proc in procs.values():
             proc.stop()
+
+
+@pytest.fixture(scope="session")
+def fleet(fleet_servers):
+    """The model folder and each fleet server's base URL."""
+    model, procs = fleet_servers
+    return model, {name: p.url for name, p in procs.items()}
