@@ -4,7 +4,9 @@ Side by side on the tiny Qwen2-VL model (one 448x448 noise image per chat, greed
 (a) our render -> our generate (binary and JSON bodies), (b) upstream render -> upstream
 generate, (c) upstream monolithic /v1/chat/completions. Reports latency p50/p95 at concurrency 1
 and 4, throughput, and the generate-side API process's CPU per request (the engine core and its
-worker are separate processes and not counted: they do the same work on every path).
+worker are separate processes and not counted: they do the same work on every path). Then the
+GRPO-shaped rollout batch of ``tools/bench_rollout.py`` on the same servers.
+``--parts single`` or ``--parts rollout`` runs one half.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import psutil
 
 from tests.support.images import chat_body, data_url, png_bytes
+from tools import bench_rollout
 from tools.servers import (
     ServerProcess,
     tandem_generate,
@@ -162,7 +165,13 @@ def api_pid(server: ServerProcess) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=100, help="requests per cell")
+    parser.add_argument(
+        "--parts",
+        default="single,rollout",
+        help="comma-separated: single (one chat at a time), rollout (the GRPO-shaped batch)",
+    )
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     model = str(ensure_model("qwen2-vl"))
     n = args.requests
     warm = 6
@@ -177,6 +186,21 @@ def main() -> int:
         ]
 
     results: list[Result] = []
+    rollouts: list[bench_rollout.RolloutRun] = []
+    ids, pad = bench_rollout.prompt_ids(model)
+    # The same images for ours and the upstream pair (separate processes: no shared caches);
+    # the monolithic server runs after the pair on the same engine, so it gets new ones.
+    images = bench_rollout.batch_images(1)
+
+    def rollout(
+        one: Callable[[str, list[list[bytes]]], bench_rollout.RolloutRun], new: list[list[bytes]]
+    ) -> None:
+        if "rollout" not in parts:
+            return
+        for batch, images in (("fresh", new), ("repeated", new)):
+            r = one(batch, images)
+            rollouts.append(r)
+            print(f"  {r.label} {batch}: {r.seconds:.2f} s, sent {r.bytes_sent / 1e6:.1f} MB")
 
     def run(label: str, make_step: Callable[[list[bytes]], Step], pid: int) -> None:
         asyncio.run(drive("warm-up", make_step(bodies(warm)), pid, warm, 2))
@@ -193,11 +217,13 @@ def main() -> int:
     try:
         quiet(generate)
         for binary, name in ((True, "binary"), (False, "JSON")):
-            run(
-                f"(a) ours render -> generate, {name}",
-                lambda b, binary=binary: pair_step(render.url, generate.url, b, binary),
-                api_pid(generate),
-            )
+            if "single" in parts:
+                run(
+                    f"(a) ours render -> generate, {name}",
+                    lambda b, binary=binary: pair_step(render.url, generate.url, b, binary),
+                    api_pid(generate),
+                )
+        rollout(bench_rollout.ours(model, render, generate, ids), images)
     finally:
         render.stop()
         generate.stop()
@@ -206,16 +232,27 @@ def main() -> int:
     up_render, serve = start(upstream_render(model)), start(upstream_serve(model))
     try:
         quiet(serve)
-        run(
-            "(b) upstream render -> generate",
-            lambda b: pair_step(up_render.url, serve.url, b, False),
-            api_pid(serve),
-        )
-        run("(c) upstream monolithic chat", lambda b: monolithic_step(serve.url, b), api_pid(serve))
+        if "single" in parts:
+            run(
+                "(b) upstream render -> generate",
+                lambda b: pair_step(up_render.url, serve.url, b, False),
+                api_pid(serve),
+            )
+            run(
+                "(c) upstream monolithic chat",
+                lambda b: monolithic_step(serve.url, b),
+                api_pid(serve),
+            )
+        rollout(bench_rollout.upstream_pair(model, up_render, serve, ids, pad), images)
+        rollout(bench_rollout.upstream_monolithic(model, serve), bench_rollout.batch_images(20_001))
     finally:
         up_render.stop()
         serve.stop()
 
+    if rollouts:
+        bench_rollout.print_table(rollouts)
+    if "single" not in parts:
+        return 0
     print(
         "\nGenerate benchmark: tiny Qwen2-VL, one 448x448 noise PNG per chat, greedy, max_tokens 8,"
     )
