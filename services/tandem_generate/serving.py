@@ -18,7 +18,8 @@ from tandem_wire import (
 
 from .engine import Engine
 from .errors import BadRequest, EngineNotReady, ModelNotFound, Overloaded, PromptTooLong
-from .inputs import InputBuilder, ItemStore
+from .inputs import InputBuilder
+from .item_store import ItemStore
 from .metrics import GenerateMetrics
 from .outputs import full_response, stream_choice, usage_chunk
 from .sampling import build_sampling_params
@@ -38,7 +39,7 @@ class GenerateService:
         self.settings = settings
         self.engine = engine
         self.metrics = metrics
-        self.items = ItemStore(settings.item_cache_bytes)
+        self.items = ItemStore(settings.item_cache_bytes, metrics)
         self.builder = InputBuilder(
             engine.spec,
             self.items,
@@ -77,7 +78,6 @@ class GenerateService:
                 param="sampling_params.max_tokens",
             )
         inputs = self.builder.build(req, tenant)
-        self.metrics.item_cache_hits.inc(inputs.cache_hits)
         return params, inputs, params.logprobs
 
     def _check_capacity(self) -> None:
