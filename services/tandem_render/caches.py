@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-from cachetools import LRUCache, TTLCache
+from cachetools import Cache, LRUCache, TTLCache
 
 from tandem_wire import GenerateRequest
 
@@ -33,7 +33,7 @@ class ByteBudgetCache(Generic[K, V]):
         ttl_s: float | None = None,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._cache: LRUCache[K, V] = (
+        self._cache: Cache[K, V] = (
             LRUCache(budget, getsizeof=size_of)
             if ttl_s is None
             else TTLCache(budget, ttl_s, timer=timer, getsizeof=size_of)
