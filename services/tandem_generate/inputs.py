@@ -15,7 +15,6 @@ import numpy as np
 
 from tandem_vllm.items import item_to_vllm
 from tandem_wire import (
-    ByteBudgetLRU,
     DecodeLimits,
     FieldElem,
     FlatLayout,
@@ -27,48 +26,10 @@ from tandem_wire import (
 )
 
 from .errors import CacheMiss, InvalidItem, InvalidPlaceholders, TokenOutOfVocabulary, TooManyItems
+from .item_store import ItemStore, StoredItem
 from .model_spec import ModalitySpec, ModelSpec, grid_cells, layout_kind
 
-__all__ = ["EngineInputs", "InputBuilder", "ItemStore", "StoredItem"]
-
-
-@dataclass(frozen=True)
-class StoredItem:
-    content_id: str
-    """Hex blake3 of tenant and item bytes: the ``mm_hash`` the engine sees."""
-    item: Any
-    """The vLLM ``MultiModalKwargsItem``."""
-    wire: KwargsItem
-    nbytes: int
-
-
-_CONTESTED = StoredItem(content_id="", item=None, wire={}, nbytes=0)
-
-
-class ItemStore:
-    """Decoded items by (tenant, caller's mm_hash), bounded in bytes, for null kwargs entries.
-
-    A hash seen with two different contents is *contested*: it is never served from the store
-    again (while the marker lives), so a null entry always means the bytes that hash was first
-    and only ever sent with. A caller reusing someone's hash costs them a resend, nothing more.
-    """
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.lru = ByteBudgetLRU[tuple[str, str], StoredItem](budget_bytes, lambda s: s.nbytes)
-        self.contested = 0
-
-    def get(self, tenant: str, mm_hash: str) -> StoredItem | None:
-        stored = self.lru.get((tenant, mm_hash))
-        return None if stored is _CONTESTED else stored
-
-    def put(self, tenant: str, mm_hash: str, stored: StoredItem) -> None:
-        key = (tenant, mm_hash)
-        existing = self.lru.get(key)
-        if existing is None:
-            self.lru.put(key, stored)
-        elif existing.content_id != stored.content_id:
-            self.contested += existing is not _CONTESTED
-            self.lru.put(key, _CONTESTED)
+__all__ = ["EngineInputs", "InputBuilder"]
 
 
 @dataclass
@@ -77,7 +38,6 @@ class EngineInputs:
     items: dict[str, list[Any]]
     hashes: dict[str, list[str]]
     placeholders: dict[str, list[tuple[int, int, np.ndarray | None]]]
-    cache_hits: int = 0
 
 
 def content_id(tenant: str, data: ItemBytes) -> str:
@@ -133,7 +93,6 @@ class InputBuilder:
                     if stored is None:
                         missing.setdefault(modality, []).append(mm_hash)
                         continue
-                    out.cache_hits += 1
                 else:
                     stored = self._decode(entry, mspec, tenant, modality)
                     self.store.put(tenant, mm_hash, stored)

@@ -17,6 +17,7 @@ class GenerateMetrics:
     rejected: Counter
     generated_tokens: Counter
     item_cache_hits: Counter
+    item_cache_misses: Counter
     bytes_in: Counter
 
     @classmethod
@@ -49,6 +50,11 @@ class GenerateMetrics:
             item_cache_hits=Counter(
                 "tandem_generate_item_cache_hits",
                 "Null kwargs entries served from the cache",
+                registry=registry,
+            ),
+            item_cache_misses=Counter(
+                "tandem_generate_item_cache_misses",
+                "Null kwargs entries not held (or contested): answered 409, resend",
                 registry=registry,
             ),
             bytes_in=Counter(

@@ -25,7 +25,8 @@ from .errors import (
     PromptTooLong,
     UnsupportedSamplingParams,
 )
-from .inputs import InputBuilder, ItemStore
+from .inputs import InputBuilder
+from .item_store import ItemStore
 from .metrics import GenerateMetrics
 from .outputs import full_response, stream_choice, usage_chunk
 from .sampling import build_sampling_params, default_max_tokens
@@ -45,7 +46,7 @@ class GenerateService:
         self.settings = settings
         self.engine = engine
         self.metrics = metrics
-        self.items = ItemStore(settings.item_cache_bytes)
+        self.items = ItemStore(settings.item_cache_bytes, metrics)
         self.builder = InputBuilder(
             engine.spec,
             self.items,
@@ -95,7 +96,6 @@ class GenerateService:
                 param="sampling_params.max_tokens",
             )
         inputs = self.builder.build(req, tenant)
-        self.metrics.item_cache_hits.inc(inputs.cache_hits)
         return params, inputs, params.logprobs
 
     def _check_capacity(self) -> None:

@@ -6,15 +6,14 @@ import asyncio
 import contextvars
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import blake3
 from vllm import envs
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 from vllm.multimodal.media.connector import global_thread_pool
 
-from tandem_wire import ByteBudgetLRU
-
+from .caches import DecodedCache
 from .errors import InvalidImage, MediaSchemeNotAllowed
 from .prepare import MEDIA_URL_PREFIX
 
@@ -28,11 +27,6 @@ __all__ = [
 ]
 
 CONNECTOR_NAME = "tandem-prefetched"
-
-_M = TypeVar("_M")
-DecodedCache = ByteBudgetLRU[tuple[str, str], Any]
-"""Decoded media by (media IO settings, blake3 of the bytes), so a repeated image (an RL batch
-sends each prompt many times) is not decoded again."""
 
 _INLINE = False  # set once per process by register_connector
 

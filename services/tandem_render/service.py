@@ -11,8 +11,9 @@ from typing import Any, Protocol
 import blake3
 import msgspec
 
-from tandem_wire import ByteBudgetLRU, GenerateRequest, WireFormat, decode_document
+from tandem_wire import GenerateRequest, WireFormat, decode_document
 
+from .caches import ItemCache, new_answer_cache
 from .errors import Overloaded
 from .media import MediaLoader
 from .metrics import RenderMetrics
@@ -63,13 +64,11 @@ class RenderService:
             mm_kwargs_allowlist=frozenset(settings.mm_processor_kwargs_allowlist),
             max_image_pixels=settings.max_image_pixels,
         )
-        # mm_hash covers the media bytes and the processor kwargs, so equal hashes mean equal
-        # items (callers cannot choose hashes: prepare refuses uuids).
-        self.items = ByteBudgetLRU[str, bytes](settings.item_cache_bytes, len)
+        self.items = ItemCache(settings.item_cache_bytes, len)
         self.decoded = renderer.new_decoded_cache(settings.decoded_cache_bytes)
         # Whole answers by a hash of the exact request bytes, for a short while: an RL batch
         # sends the same prompt many times, and rendering is deterministic for equal bytes.
-        self.answers = _AnswerCache(settings.answer_cache_bytes, settings.answer_cache_ttl_s)
+        self.answers = new_answer_cache(settings.answer_cache_bytes, settings.answer_cache_ttl_s)
         self._pending = 0
 
     async def render_chat(self, raw: bytes, fmt: WireFormat) -> GenerateRequest[bytes]:
@@ -94,7 +93,7 @@ class RenderService:
             r.url is None or r.url.startswith("data:") for r in media
         ):
             keeps_id = isinstance(body, dict) and "request_id" in body
-            self.answers.put(key, (result, keeps_id, time.monotonic()))
+            self.answers.put(key, (result, keeps_id))
 
     async def render_completion(self, raw: bytes, fmt: WireFormat) -> list[GenerateRequest[bytes]]:
         with self._admit("completion"):
@@ -141,27 +140,6 @@ class RenderService:
 
     def _admit(self, route: str) -> _Admission:
         return _Admission(self, route)
-
-
-def _answer_size(entry: tuple[GenerateRequest[Any], bool, float]) -> int:
-    feats = entry[0].features
-    items = feats.kwargs_data if feats is not None and feats.kwargs_data else {}
-    return 8 * len(entry[0].token_ids) + sum(len(d or b"") for v in items.values() for d in v)
-
-
-class _AnswerCache(ByteBudgetLRU[tuple[str, str], tuple[GenerateRequest[Any], bool, float]]):
-    """Rendered answers by (route, blake3 of the request body), expiring after ``ttl_s``:
-    chat templates may read the clock."""
-
-    def __init__(self, budget: int, ttl_s: float) -> None:
-        super().__init__(budget if ttl_s > 0 else 0, _answer_size)
-        self.ttl_s = ttl_s
-
-    def get(self, key: tuple[str, str]) -> tuple[GenerateRequest[Any], bool, float] | None:
-        entry = super().get(key)
-        if entry is None or time.monotonic() - entry[2] > self.ttl_s:
-            return None
-        return entry
 
 
 def _fresh_id(result: GenerateRequest[Any], keeps_id: bool) -> GenerateRequest[Any]:

@@ -51,7 +51,6 @@ from .items import (
     SharedLayout,
 )
 from .limits import DEFAULT_LIMITS, DecodeLimits
-from .lru import ByteBudgetLRU
 from .protocol import (
     ChoiceLogprobs,
     ErrorBody,
@@ -72,7 +71,6 @@ from .protocol import (
 
 __all__ = [
     "BatchedLayout",
-    "ByteBudgetLRU",
     "ChoiceLogprobs",
     "DEFAULT_LIMITS",
     "DecodeLimits",

@@ -82,7 +82,6 @@ def test_wire_public_api_is_pinned():
     assert sorted(tandem_wire.__all__) == sorted(
         [
             "BatchedLayout",
-            "ByteBudgetLRU",
             "ChoiceLogprobs",
             "DEFAULT_LIMITS",
             "DecodeLimits",

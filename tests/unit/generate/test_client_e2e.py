@@ -63,9 +63,10 @@ async def test_chat_sends_each_image_once_and_recovers_from_a_lost_cache(client)
     first = await client.chat(image_chat(41), temperature=0.0, max_tokens=6)
     again = await client.chat(image_chat(41), temperature=0.0, max_tokens=6)
     assert again.choices[0].token_ids == first.choices[0].token_ids
-    store = client.generate_app.state.service.items
-    assert store.lru.hits >= 1  # the second request sent null and hit the node's cache
-    store.lru.clear()  # the node "restarts": the client's null gets a 409 and it resends
+    service = client.generate_app.state.service
+    hits = service.metrics.item_cache_hits.collect()[0].samples[0].value
+    assert hits >= 1  # the second request sent null and hit the node's cache
+    service.items.clear()  # the node "restarts": the client's null gets a 409 and it resends
     third = await client.chat(image_chat(41), temperature=0.0, max_tokens=6)
     assert third.choices[0].token_ids == first.choices[0].token_ids
 

@@ -51,7 +51,10 @@ async def test_null_kwargs_reuse_the_cached_item(app, qwen2_renderer, qwen2_dir)
         first = await post(c, req, binary=True)
         again = await post(c, without_data(req), binary=True)
         assert tokens(again) == tokens(first)
-        assert "tandem_generate_item_cache_hits_total 1.0" in (await c.get("/metrics")).text
+        metrics = (await c.get("/metrics")).text
+        # The null entry is one hit; storing the item the first request sent is neither.
+        assert "tandem_generate_item_cache_hits_total 1.0" in metrics
+        assert "tandem_generate_item_cache_misses_total 0.0" in metrics
 
 
 async def test_cache_miss_is_a_409_naming_the_missing_hashes(app, qwen2_renderer, qwen2_dir):
@@ -61,6 +64,7 @@ async def test_cache_miss_is_a_409_naming_the_missing_hashes(app, qwen2_renderer
         err = await post(c, unknown, expect=409)
         assert err["error"]["type"] == "mm_cache_miss"
         assert err["error"]["details"] == {"missing": {"image": ["f" * 64, "e" * 64]}}
+        assert "tandem_generate_item_cache_misses_total 2.0" in (await c.get("/metrics")).text
         assert len(tokens(await post(c, req))) == 8  # the next request still works
 
 
@@ -79,6 +83,26 @@ async def test_a_reused_hash_with_other_pixels_poisons_nothing(app, qwen2_render
         # ...the victim's identical request is unaffected (encoder and prefix caches)...
         assert tokens(await post(c, victim)) == victim_tokens
         # ...and a contested hash is never served from the store: null means "resend".
+        err = await post(c, without_data(victim), expect=409)
+        assert err["error"]["type"] == "mm_cache_miss"
+
+
+async def test_a_contested_hash_stays_contested_once_its_items_are_evicted(
+    qwen2_engine, qwen2_renderer, qwen2_dir
+):
+    victim = await render(qwen2_renderer, qwen2_dir, [22], **GREEDY)
+    other = await render(qwen2_renderer, qwen2_dir, [23], **GREEDY)
+    fillers = [await render(qwen2_renderer, qwen2_dir, [seed], **GREEDY) for seed in (24, 25)]
+    attack = with_hashes(other, victim.features.mm_hashes["image"])
+    # Room for one item: each item stored evicts the one before.
+    size = len(victim.features.kwargs_data["image"][0])
+    app = generate_app(qwen2_engine, qwen2_dir, item_cache_bytes=size * 3 // 2)
+    async with app_client(app) as c:
+        await post(c, victim)
+        await post(c, attack)  # the victim's hash is now contested
+        for filler in fillers:
+            await post(c, filler)
+        await post(c, attack)  # the attacker registers its pixels under that hash again
         err = await post(c, without_data(victim), expect=409)
         assert err["error"]["type"] == "mm_cache_miss"
 

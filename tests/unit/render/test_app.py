@@ -99,7 +99,9 @@ async def test_repeated_image_hits_the_item_cache(app, qwen2_dir):
         await render(c, chat_body(qwen2_dir, [image], text="one"))
         await render(c, chat_body(qwen2_dir, [image], text="two"))
         metrics = (await c.get("/metrics")).text
+    # Only lookups count: the first sight is one miss, its insertion is neither.
     assert "tandem_render_item_cache_hits_total 1.0" in metrics
+    assert "tandem_render_item_cache_misses_total 1.0" in metrics
 
 
 async def test_identical_requests_are_answered_from_cache_with_fresh_ids(app, qwen2_dir):

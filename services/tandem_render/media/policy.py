@@ -1,0 +1,37 @@
+"""The media policy: the sources, sizes and deadlines the loader accepts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MediaPolicy"]
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """Where media may come from and how much of it is accepted."""
+
+    allowed_schemes: frozenset[str] = frozenset({"http", "https", "data"})
+    """URL schemes accepted. ``file`` is accepted if and only if ``allowed_local_media_path`` is
+    set, whatever this set says."""
+    allowed_domains: tuple[str, ...] | None = None
+    """Hosts http(s) media may come from; ``None`` means any public host. An entry matches the
+    host itself and its subdomains (``example.com`` matches ``cdn.example.com``)."""
+    allow_private_networks: bool = False
+    """Allow private, loopback, link-local and reserved addresses (trusted networks only)."""
+    allowed_private_hosts: frozenset[str] = frozenset()
+    """Host names or IPs exempt from the private-address check (tests, dev: ``127.0.0.1``)."""
+    allowed_local_media_path: Path | None = None
+    """Folder ``file:`` URLs may read from (symlinks are resolved first); ``None`` refuses
+    ``file:``."""
+    fetch_timeout_s: float = 10.0
+    """Deadline in seconds for one http(s) load: DNS, every redirect hop and the whole body."""
+    max_media_bytes: int = 32 * 1024 * 1024
+    """Largest media item in bytes, for every scheme."""
+    max_redirects: int = 3
+    """Redirects followed per http(s) load; more is a fetch failure."""
+    max_image_pixels: int = 64 * 1024 * 1024
+    """Largest image accepted, as width * height, checked from the header before decoding."""
+    user_agent: str = "tandem-render"
+    """User-Agent sent with http(s) requests."""
