@@ -8,12 +8,15 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
 from tandem_http import (
+    AdmissionGate,
     ApiKeyMiddleware,
+    HeldStreamingResponse,
     RequestIdMiddleware,
+    admitted,
     install_error_handlers,
     keep_freed_memory,
     metrics_response,
@@ -25,7 +28,7 @@ from tandem_http import (
 from tandem_wire import DecodeLimits, WireError, decode_generate_request
 
 from .engine import Engine
-from .errors import EngineNotReady, GenerateError
+from .errors import EngineNotReady, GenerateError, Overloaded
 from .metrics import GenerateMetrics
 from .serving import GenerateService
 from .settings import GenerateSettings
@@ -50,6 +53,7 @@ def create_app(
     registry = CollectorRegistry(auto_describe=True)
     metrics = GenerateMetrics.create(registry)
     limits = DecodeLimits(max_body_bytes=settings.max_body_bytes)
+    gate = AdmissionGate(settings.max_pending, "tandem_generate", _overloaded, registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,20 +87,16 @@ def create_app(
         return request.app.state.service  # type: ignore[no-any-return]
 
     @app.post("/inference/v1/generate")
+    @admitted(gate)
     async def generate(request: Request) -> Response:
         body = await read_body(request, settings.max_body_bytes)
         in_fmt, out_fmt = negotiate(request)
         metrics.bytes_in.labels(in_fmt.name.lower()).inc(len(body))
         req = decode_generate_request(body, in_fmt, limits)
-        # Items are scoped per tenant; cache_salt is what separates tenants (as for the
-        # engine's prefix cache), so one tenant's hashes never resolve to another's items.
-        tenant = req.cache_salt or ""
         svc = service(request)
         if req.stream:
-            return StreamingResponse(
-                svc.stream(req, tenant, out_fmt), media_type="text/event-stream"
-            )
-        result = await svc.generate(req, tenant, request.is_disconnected)
+            return HeldStreamingResponse(svc.stream(req), media_type="text/event-stream")
+        result = await svc.generate(req, request.is_disconnected)
         if result is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         return wire_response(result, out_fmt)
@@ -127,6 +127,10 @@ def create_app(
         return metrics_response(registry)
 
     return app
+
+
+def _overloaded(limit: int) -> Overloaded:
+    return Overloaded(f"more than {limit} requests pending; retry")
 
 
 async def _watch_engine(engine: Engine, interval_s: float) -> None:

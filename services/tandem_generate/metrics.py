@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 __all__ = ["GenerateMetrics"]
 
@@ -13,8 +13,6 @@ __all__ = ["GenerateMetrics"]
 class GenerateMetrics:
     requests: Counter
     latency: Histogram
-    pending: Gauge
-    rejected: Counter
     generated_tokens: Counter
     item_cache_hits: Counter
     item_cache_misses: Counter
@@ -34,15 +32,6 @@ class GenerateMetrics:
                 "Time from admission to the last token",
                 registry=registry,
                 buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            ),
-            pending=Gauge(
-                "tandem_generate_pending",
-                "Requests admitted and not finished",
-                registry=registry,
-                multiprocess_mode="livesum",
-            ),
-            rejected=Counter(
-                "tandem_generate_rejected", "Requests refused with 429", registry=registry
             ),
             generated_tokens=Counter(
                 "tandem_generate_tokens", "Tokens generated", registry=registry

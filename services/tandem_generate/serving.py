@@ -21,7 +21,6 @@ from .errors import (
     BadRequest,
     EngineNotReady,
     ModelNotFound,
-    Overloaded,
     PromptTooLong,
     UnsupportedSamplingParams,
 )
@@ -54,7 +53,6 @@ class GenerateService:
             max_items=settings.max_items_per_prompt,
             limits=DecodeLimits(max_body_bytes=settings.max_body_bytes),
         )
-        self.pending = 0
 
     def _prepare(
         self, req: GenerateRequest[ItemBytes | None], tenant: str
@@ -98,20 +96,6 @@ class GenerateService:
         inputs = self.builder.build(req, tenant)
         return params, inputs, params.logprobs
 
-    def _check_capacity(self) -> None:
-        if self.pending >= self.settings.max_pending:
-            self.metrics.rejected.inc()
-            raise Overloaded(f"more than {self.settings.max_pending} requests pending; retry")
-
-    def _admit(self) -> None:
-        self._check_capacity()
-        self.pending += 1
-        self.metrics.pending.inc()
-
-    def _release(self) -> None:
-        self.pending -= 1
-        self.metrics.pending.dec()
-
     def _start(self, req: GenerateRequest[Any], params: Any, inputs: Any) -> AsyncIterator[Any]:
         return self.engine.generate(
             inputs.token_ids,
@@ -126,24 +110,20 @@ class GenerateService:
         )
 
     async def generate(
-        self, req: GenerateRequest[ItemBytes | None], tenant: str, disconnected: Disconnected
+        self, req: GenerateRequest[ItemBytes | None], disconnected: Disconnected
     ) -> GenerateResponse | None:
         """Run to completion; None if the client went away (the engine request is aborted)."""
-        params, inputs, top_n = self._prepare(req, tenant)
-        self._admit()
+        params, inputs, top_n = self._prepare(req, tenant_of(req))
         start = time.perf_counter()
-        try:
-            task = asyncio.ensure_future(_last(self._start(req, params, inputs)))
-            while not task.done():
-                done, _ = await asyncio.wait({task}, timeout=self.settings.disconnect_poll_s)
-                if not done and await disconnected():
-                    task.cancel()  # vLLM aborts the request when its generator is cancelled
-                    await self.engine.abort(req.request_id)
-                    self.metrics.requests.labels("aborted").inc()
-                    return None
-            result = task.result()
-        finally:
-            self._release()
+        task = asyncio.ensure_future(_last(self._start(req, params, inputs)))
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=self.settings.disconnect_poll_s)
+            if not done and await disconnected():
+                task.cancel()  # vLLM aborts the request when its generator is cancelled
+                await self.engine.abort(req.request_id)
+                self.metrics.requests.labels("aborted").inc()
+                return None
+        result = task.result()
         self.metrics.requests.labels("ok").inc()
         self.metrics.latency.observe(time.perf_counter() - start)
         self.metrics.generated_tokens.inc(sum(len(o.token_ids) for o in result.outputs))
@@ -156,17 +136,9 @@ class GenerateService:
             placeholders=req.features.mm_placeholders if req.features else None,
         )
 
-    def stream(
-        self, req: GenerateRequest[ItemBytes | None], tenant: str, fmt: WireFormat
-    ) -> AsyncIterator[bytes]:
-        """Check now (errors become proper HTTP answers); return the SSE body.
-
-        The request is admitted when the body starts: a body that is never iterated (its
-        client left first) then holds no slot. Capacity is checked here too, so a full server
-        answers 429 rather than a stream that fails.
-        """
-        params, inputs, top_n = self._prepare(req, tenant)
-        self._check_capacity()
+    def stream(self, req: GenerateRequest[ItemBytes | None]) -> AsyncIterator[bytes]:
+        """Check now (errors become proper HTTP answers); return the SSE body."""
+        params, inputs, top_n = self._prepare(req, tenant_of(req))
         return self._stream(req, params, inputs, top_n)
 
     async def _stream(
@@ -178,8 +150,6 @@ class GenerateService:
         first = True
         finished = False
         start = time.perf_counter()
-        self.pending += 1
-        self.metrics.pending.inc()
         try:
             async for res in self._start(req, params, inputs):
                 choices = [stream_choice(o, top_n) for o in res.outputs]
@@ -205,11 +175,16 @@ class GenerateService:
             self.metrics.latency.observe(time.perf_counter() - start)
             self.metrics.generated_tokens.inc(generated)
         finally:
-            self._release()
             if not finished:
                 # The client went away mid-stream (or the engine failed): free the engine slot.
                 self.metrics.requests.labels("aborted").inc()
                 await self.engine.abort(req.request_id)
+
+
+def tenant_of(req: GenerateRequest[Any]) -> str:
+    """Whose items a request may resolve: cache_salt separates tenants (as it does for the
+    engine's prefix cache), so one tenant's hashes never resolve to another's items."""
+    return req.cache_salt or ""
 
 
 async def _last(results: AsyncIterator[Any]) -> Any:

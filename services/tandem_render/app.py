@@ -13,9 +13,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
 from tandem_http import (
+    AdmissionGate,
     ApiKeyMiddleware,
     PartsResponse,
     RequestIdMiddleware,
+    admitted,
     install_error_handlers,
     keep_freed_memory,
     mark_process_dead,
@@ -26,7 +28,7 @@ from tandem_http import (
 )
 from tandem_wire import WireError, encode_generate_request_parts
 
-from .errors import RenderError
+from .errors import Overloaded, RenderError
 from .media import MediaLoader
 from .metrics import RenderMetrics
 from .service import Renderer, RenderService
@@ -42,6 +44,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     so a process that only imports this module does no work."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = RenderMetrics.create(registry)
+    gate = AdmissionGate(settings.max_pending, "tandem_render", _overloaded, registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,12 +80,14 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         return response
 
     @app.post("/v1/chat/completions/render")
+    @admitted(gate)
     async def render_chat(request: Request) -> Response:
         body, in_fmt, out_fmt = await request_body(request)
         result = await request.app.state.service.render_chat(body, in_fmt)
         return respond(result, out_fmt)
 
     @app.post("/v1/completions/render")
+    @admitted(gate)
     async def render_completion(request: Request) -> Response:
         body, in_fmt, out_fmt = await request_body(request)
         results = await request.app.state.service.render_completion(body, in_fmt)
@@ -107,6 +112,10 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         return metrics_response(registry)
 
     return app
+
+
+def _overloaded(limit: int) -> Overloaded:
+    return Overloaded(f"more than {limit} requests pending; retry")
 
 
 def prepare_worker_memory(settings: RenderSettings) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 __all__ = ["RenderMetrics"]
 
@@ -13,8 +13,6 @@ __all__ = ["RenderMetrics"]
 class RenderMetrics:
     requests: Counter
     latency: Histogram
-    pending: Gauge
-    rejected: Counter
     media_bytes: Counter
     bytes_out: Counter
     item_cache_hits: Counter
@@ -36,18 +34,6 @@ class RenderMetrics:
                 ["route"],
                 registry=registry,
                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
-            ),
-            pending=Gauge(
-                "tandem_render_pending",
-                "Requests a worker holds (its queue depth)",
-                registry=registry,
-                multiprocess_mode="livesum",
-            ),
-            rejected=Counter(
-                "tandem_render_rejected",
-                "Requests refused with 429 (overloaded)",
-                ["route"],
-                registry=registry,
             ),
             media_bytes=Counter(
                 "tandem_render_media_bytes", "Media bytes received or fetched", registry=registry

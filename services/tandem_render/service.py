@@ -14,7 +14,6 @@ import msgspec
 from tandem_wire import GenerateRequest, WireFormat, decode_document
 
 from .caches import ItemCache, new_answer_cache
-from .errors import Overloaded
 from .media import MediaLoader
 from .metrics import RenderMetrics
 from .prepare import MediaRef, RequestLimits, prepare_chat, prepare_completion
@@ -69,10 +68,9 @@ class RenderService:
         # Whole answers by a hash of the exact request bytes, for a short while: an RL batch
         # sends the same prompt many times, and rendering is deterministic for equal bytes.
         self.answers = new_answer_cache(settings.answer_cache_bytes, settings.answer_cache_ttl_s)
-        self._pending = 0
 
     async def render_chat(self, raw: bytes, fmt: WireFormat) -> GenerateRequest[bytes]:
-        with self._admit("chat"):
+        with self._account("chat"):
             key = ("chat", blake3.blake3(raw).hexdigest())
             hit = self.answers.get(key)
             if hit is not None:
@@ -96,7 +94,7 @@ class RenderService:
             self.answers.put(key, (result, keeps_id))
 
     async def render_completion(self, raw: bytes, fmt: WireFormat) -> list[GenerateRequest[bytes]]:
-        with self._admit("completion"):
+        with self._account("completion"):
             body = decode_document(raw, Any, fmt)  # type: ignore[arg-type]
             prepared = prepare_completion(body, self.limits, self.renderer.vocab_size)
             prompt_media = None
@@ -138,8 +136,8 @@ class RenderService:
         self.metrics.media_bytes.inc(len(data))
         return data
 
-    def _admit(self, route: str) -> _Admission:
-        return _Admission(self, route)
+    def _account(self, route: str) -> _Accounting:
+        return _Accounting(self.metrics, route)
 
 
 def _fresh_id(result: GenerateRequest[Any], keeps_id: bool) -> GenerateRequest[Any]:
@@ -151,27 +149,18 @@ def _fresh_id(result: GenerateRequest[Any], keeps_id: bool) -> GenerateRequest[A
     return msgspec.structs.replace(result, request_id=f"{prefix}-{secrets.token_hex(8)}")
 
 
-class _Admission:
-    """Bounds the requests a worker holds; past the bound, answer 429 instead of queueing."""
+class _Accounting:
+    """Counts a request by route and outcome, and times it."""
 
-    def __init__(self, service: RenderService, route: str) -> None:
-        self.service = service
+    def __init__(self, metrics: RenderMetrics, route: str) -> None:
+        self.metrics = metrics
         self.route = route
         self.start = 0.0
 
     def __enter__(self) -> None:
-        s = self.service
-        if s._pending >= s.settings.max_pending:
-            s.metrics.rejected.labels(self.route).inc()
-            raise Overloaded(f"more than {s.settings.max_pending} requests pending; retry")
-        s._pending += 1
-        s.metrics.pending.inc()
         self.start = time.perf_counter()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        s = self.service
-        s._pending -= 1
-        s.metrics.pending.dec()
         outcome = "ok" if exc_type is None else "error"
-        s.metrics.requests.labels(self.route, outcome).inc()
-        s.metrics.latency.labels(self.route).observe(time.perf_counter() - self.start)
+        self.metrics.requests.labels(self.route, outcome).inc()
+        self.metrics.latency.labels(self.route).observe(time.perf_counter() - self.start)

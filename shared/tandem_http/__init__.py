@@ -1,12 +1,12 @@
 """tandem_http: HTTP plumbing shared by the render and generate services (no vLLM, no torch)."""
 
+from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted
 from .auth import ApiKeyMiddleware
 from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_response
 from .errors import HTTPErrorLike, error_body, error_response, install_error_handlers
 from .memory import keep_freed_memory, pretouch
 from .metrics import (
     MULTIPROC_ENV,
-    InFlight,
     mark_process_dead,
     metrics_registry,
     metrics_response,
@@ -18,12 +18,15 @@ from .server import run_server
 __all__ = [
     "MULTIPROC_ENV",
     "REQUEST_ID_HEADER",
+    "AdmissionGate",
     "ApiKeyMiddleware",
     "BodyTooLarge",
     "HTTPErrorLike",
-    "InFlight",
+    "HeldStreamingResponse",
     "PartsResponse",
     "RequestIdMiddleware",
+    "Slot",
+    "admitted",
     "error_body",
     "error_response",
     "install_error_handlers",

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from types import TracebackType
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
-    Gauge,
     generate_latest,
     multiprocess,
 )
@@ -19,7 +17,6 @@ from starlette.responses import Response
 
 __all__ = [
     "MULTIPROC_ENV",
-    "InFlight",
     "mark_process_dead",
     "metrics_registry",
     "metrics_response",
@@ -71,40 +68,3 @@ def mark_process_dead(pid: int) -> None:
     worker's own shutdown. No-op outside multiprocess mode."""
     if os.environ.get(MULTIPROC_ENV):
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
-
-
-class InFlight:
-    """Counts requests in progress: ``with in_flight: ...`` raises a gauge, then lowers it.
-
-    The gauge sums live processes (``livesum``) so it reads as queue depth across workers;
-    ``current`` is this process's own count, e.g. for admission control. Create it in the app
-    factory (one per process), never at import.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        registry: CollectorRegistry | None = REGISTRY,
-    ) -> None:
-        self.gauge = Gauge(name, documentation, registry=registry, multiprocess_mode="livesum")
-        self._current = 0
-
-    @property
-    def current(self) -> int:
-        """Requests in progress in this process."""
-        return self._current
-
-    def __enter__(self) -> InFlight:
-        self._current += 1
-        self.gauge.inc()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._current -= 1
-        self.gauge.dec()

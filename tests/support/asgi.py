@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -26,3 +27,59 @@ class HostRouter(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         return await self.transports[request.url.host].handle_async_request(request)
+
+
+class AsgiCall:
+    """One HTTP request driven by hand against an ASGI app, with no transport in between:
+    the answer's chunks as the app sends them, and a client that can hang up mid-answer.
+    (httpx's ASGITransport collects a whole answer before returning, so it cannot show a
+    stream in progress.)"""
+
+    def __init__(
+        self, app, method: str, path: str, body: bytes = b"", headers: dict | None = None
+    ) -> None:
+        self._body = body
+        self._body_sent = False
+        self._gone = asyncio.Event()
+        self.messages: asyncio.Queue = asyncio.Queue()
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+            "client": ("127.0.0.1", 50000),
+            "server": ("app", 80),
+            "state": {},
+        }
+        self.task = asyncio.ensure_future(app(scope, self._receive, self._send))
+
+    async def _receive(self) -> dict:
+        if not self._body_sent:
+            self._body_sent = True
+            return {"type": "http.request", "body": self._body, "more_body": False}
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: dict) -> None:
+        await self.messages.put(message)
+
+    async def status(self) -> int:
+        start = await asyncio.wait_for(self.messages.get(), 60)
+        return int(start["status"])
+
+    async def chunk(self) -> bytes:
+        """The next non-empty body chunk."""
+        while True:
+            message = await asyncio.wait_for(self.messages.get(), 60)
+            if message.get("body"):
+                return bytes(message["body"])
+
+    async def hang_up(self) -> None:
+        self._gone.set()
+        await asyncio.wait_for(self.task, 60)

@@ -20,7 +20,7 @@ from tandem_wire import (
     encode_item,
 )
 
-from ...support.asgi import app_client
+from ...support.asgi import AsgiCall, app_client
 from .helpers import GREEDY, MSGPACK, generate_app, post, render, tokens
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
@@ -122,17 +122,23 @@ async def test_backpressure_answers_429_instead_of_queueing(
 ):
     app = generate_app(qwen2_engine, qwen2_dir, max_pending=1)
     req = await render(qwen2_renderer, qwen2_dir, [17], **GREEDY)
-    held = msgspec.structs.replace(req, stream=True)
+    held = msgspec.structs.replace(req, stream=True, sampling_params={"max_tokens": 200})
+    body = encode_generate_request(req, WireFormat.JSON)
     async with app_client(app) as c:
-        service = app.state.service
-        stream = service.stream(held, "", WireFormat.JSON)
-        await anext(stream)  # one request holds the only slot, mid-generation
-        body = encode_generate_request(req, WireFormat.JSON)
+        # One streaming request holds the only slot, mid-generation, until its last chunk.
+        stream = AsgiCall(
+            app,
+            "POST",
+            "/inference/v1/generate",
+            encode_generate_request(held, WireFormat.JSON),
+            {"content-type": "application/json"},
+        )
+        assert await stream.status() == 200
+        assert (await stream.chunk()).startswith(b"data: ")
         second = await c.post("/inference/v1/generate", content=body)
         assert second.status_code == 429 and second.json()["error"]["type"] == "overloaded"
         assert second.headers.get("retry-after") == "1"
-        await stream.aclose()  # the client of the first went away: slot freed, request aborted
-        assert service.pending == 0
+        await stream.hang_up()  # its client went away: the slot is free, the request aborted
         assert len(tokens(await post(c, req))) == 8
 
 

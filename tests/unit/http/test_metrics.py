@@ -1,4 +1,4 @@
-"""Metrics: default-registry exposition, InFlight, and multiprocess aggregation across processes."""
+"""Metrics: default-registry exposition and multiprocess aggregation across processes."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, Counter
 
 from tandem_http import (
     MULTIPROC_ENV,
-    InFlight,
     mark_process_dead,
     metrics_registry,
     metrics_response,
@@ -31,23 +30,6 @@ def test_default_registry_exposes_a_counter(monkeypatch: pytest.MonkeyPatch) -> 
         assert b"tandem_http_test_default_total 3.0" in bytes(response.body)
     finally:
         REGISTRY.unregister(counter)
-
-
-def test_in_flight_counts_and_recovers_from_errors() -> None:
-    registry = CollectorRegistry()
-    in_flight = InFlight("tandem_http_test_in_flight", "Requests in progress.", registry=registry)
-
-    def value() -> float | None:
-        return registry.get_sample_value("tandem_http_test_in_flight")
-
-    assert (in_flight.current, value()) == (0, 0.0)
-    with in_flight:
-        with in_flight:
-            assert (in_flight.current, value()) == (2, 2.0)
-        assert (in_flight.current, value()) == (1, 1.0)
-    with pytest.raises(RuntimeError), in_flight:
-        raise RuntimeError("boom")
-    assert (in_flight.current, value()) == (0, 0.0)
 
 
 def test_prepare_multiprocess_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,9 +57,9 @@ def test_prepare_multiprocess_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 _WRITER = """
 import os
 from prometheus_client import Counter
-from tandem_http import InFlight
+from prometheus_client import Gauge
 Counter("tandem_http_test_mp", "Counted in several processes.").inc()
-InFlight("tandem_http_test_mp_in_flight", "Left raised on exit.").__enter__()
+Gauge("tandem_http_test_mp_in_flight", "Left raised on exit.", multiprocess_mode="livesum").inc()
 print(os.getpid())
 """
 
