@@ -11,11 +11,14 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tools.servers import ServerProcess, python_module
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_workers:
         render_args += ["--workers", str(args.render_workers)]
     render = ServerProcess("render", python_module("tandem_render", *render_args), args.render_port)
+    servers: dict[str, ServerProcess] = {}
     generate = ServerProcess(
         "generate",
         python_module(
@@ -71,14 +75,37 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"serving: render {render.url}, generate {generate.url}; Ctrl-C to stop", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        signal.pause()
-        return 0
+        servers = {"render": render, "generate": generate}
+        return supervise(servers)
     except KeyboardInterrupt:
         return 0
     finally:
-        render.stop()
-        generate.stop()
+        for server in (render, generate, *servers.values()):
+            server.stop()
         print(f"logs: {render.log} {generate.log}")
+
+
+def supervise(servers: dict[str, ServerProcess]) -> int:
+    """Restart a server that exits (e.g. generate after its engine died), as compose or
+    Kubernetes would; give up after ``MAX_RESTARTS`` restarts within ``RESTART_WINDOW_S``."""
+    restarts: list[float] = []
+    while True:
+        time.sleep(1)
+        for name, server in list(servers.items()):
+            code = server.proc.poll()
+            if code is None:
+                continue
+            now = time.monotonic()
+            restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
+            print(f"{name} exited ({code}):\n{server.log_text(3000)}", file=sys.stderr)
+            server.stop()
+            if len(restarts) > MAX_RESTARTS:
+                print(f"{len(restarts)} restarts in {RESTART_WINDOW_S:.0f} s: giving up")
+                return 1
+            print(f"restarting {name} on {server.url}", flush=True)
+            servers[name] = server.restarted()
+            servers[name].wait_healthy(timeout=600)
+            print(f"{name} is healthy again", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ class ServerProcess:
 
     def __init__(self, name: str, args: list[str], port: int, env: dict[str, str] | None = None):
         self.name = name
+        self.args = args
+        self.env = env
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = Path(tempfile.mkstemp(prefix=f"tandem-{name}-", suffix=".log")[1])
@@ -36,6 +38,10 @@ class ServerProcess:
             env={**os.environ, **(env or {})},
             start_new_session=True,  # its workers are stopped with it
         )
+
+    def restarted(self) -> ServerProcess:
+        """The same server started again (same command, port and environment)."""
+        return ServerProcess(self.name, self.args, self.port, self.env)
 
     def log_text(self, tail: int = 8000) -> str:
         return self.log.read_text(errors="replace")[-tail:]
