@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from tandem_http import BadRequest, ModelNotFound, Overloaded, PromptTooLong
 from tandem_wire import (
     DecodeLimits,
     GenerateRequest,
@@ -17,14 +18,7 @@ from tandem_wire import (
 )
 
 from .engine import Engine
-from .errors import (
-    BadRequest,
-    EngineNotReady,
-    ModelNotFound,
-    Overloaded,
-    PromptTooLong,
-    UnsupportedSamplingParams,
-)
+from .errors import EngineNotReady, UnsupportedSamplingParams
 from .inputs import InputBuilder
 from .item_store import ItemStore
 from .metrics import GenerateMetrics
@@ -101,7 +95,9 @@ class GenerateService:
     def _check_capacity(self) -> None:
         if self.pending >= self.settings.max_pending:
             self.metrics.rejected.inc()
-            raise Overloaded(f"more than {self.settings.max_pending} requests pending; retry")
+            raise Overloaded(
+                f"more than {self.settings.max_pending} requests pending; retry", retry_after=1
+            )
 
     def _admit(self) -> None:
         self._check_capacity()

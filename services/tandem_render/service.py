@@ -11,10 +11,10 @@ from typing import Any, Protocol
 import blake3
 import msgspec
 
+from tandem_http import Overloaded
 from tandem_wire import GenerateRequest, WireFormat, decode_document
 
 from .caches import ItemCache, new_answer_cache
-from .errors import Overloaded
 from .media import MediaLoader
 from .metrics import RenderMetrics
 from .prepare import MediaRef, RequestLimits, prepare_chat, prepare_completion

@@ -2,7 +2,17 @@
 
 from .auth import ApiKeyMiddleware
 from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_response
-from .errors import HTTPErrorLike, error_body, error_response, install_error_handlers
+from .errors import (
+    BadRequest,
+    ModelNotFound,
+    Overloaded,
+    PromptTooLong,
+    TokenOutOfVocabulary,
+    TooManyItems,
+    error_body,
+    error_response,
+    install_error_handlers,
+)
 from .memory import keep_freed_memory, pretouch
 from .metrics import (
     MULTIPROC_ENV,
@@ -19,11 +29,16 @@ __all__ = [
     "MULTIPROC_ENV",
     "REQUEST_ID_HEADER",
     "ApiKeyMiddleware",
+    "BadRequest",
     "BodyTooLarge",
-    "HTTPErrorLike",
     "InFlight",
+    "ModelNotFound",
+    "Overloaded",
     "PartsResponse",
+    "PromptTooLong",
     "RequestIdMiddleware",
+    "TokenOutOfVocabulary",
+    "TooManyItems",
     "error_body",
     "error_response",
     "install_error_handlers",
