@@ -110,6 +110,7 @@ _BY_TYPE: dict[str, type[ServiceError]] = {
     error_types.PAYLOAD_TOO_LARGE: PayloadTooLargeError,
     error_types.MEDIA_TOO_LARGE: PayloadTooLargeError,
     error_types.IMAGE_TOO_LARGE: PayloadTooLargeError,
+    error_types.INVALID_MEDIA: MediaError,
     error_types.MEDIA_SCHEME_NOT_ALLOWED: MediaError,
     error_types.MEDIA_URL_FORBIDDEN: MediaError,
     error_types.MEDIA_FETCH_FAILED: MediaError,

@@ -42,7 +42,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     http.TooManyItems: tc.BadRequestError,
     http.Overloaded: tc.OverloadedError,
     # render
-    render.MediaError: tc.BadRequestError,
+    render.MediaError: tc.MediaError,
     render.MediaSchemeNotAllowed: tc.MediaError,
     render.MediaUrlForbidden: tc.MediaError,
     render.MediaFetchFailed: tc.MediaError,
