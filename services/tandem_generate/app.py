@@ -25,10 +25,10 @@ from tandem_http import (
     read_body,
     wire_response,
 )
-from tandem_wire import DecodeLimits, WireError, decode_generate_request
+from tandem_wire import DecodeLimits, decode_generate_request
 
 from .engine import Engine
-from .errors import EngineNotReady, GenerateError, Overloaded
+from .errors import EngineNotReady
 from .metrics import GenerateMetrics
 from .serving import GenerateService
 from .settings import GenerateSettings
@@ -53,7 +53,7 @@ def create_app(
     registry = CollectorRegistry(auto_describe=True)
     metrics = GenerateMetrics.create(registry)
     limits = DecodeLimits(max_body_bytes=settings.max_body_bytes)
-    gate = AdmissionGate(settings.max_pending, "tandem_generate", _overloaded, registry)
+    gate = AdmissionGate(settings.max_pending, "tandem_generate", registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,7 +81,7 @@ def create_app(
     app = FastAPI(title="Tandem generate", lifespan=lifespan, openapi_url=None)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))
     app.add_middleware(RequestIdMiddleware)
-    install_error_handlers(app, (GenerateError, WireError))
+    install_error_handlers(app)
 
     def service(request: Request) -> GenerateService:
         return request.app.state.service  # type: ignore[no-any-return]
@@ -127,10 +127,6 @@ def create_app(
         return metrics_response(registry)
 
     return app
-
-
-def _overloaded(limit: int) -> Overloaded:
-    return Overloaded(f"more than {limit} requests pending; retry")
 
 
 async def _watch_engine(engine: Engine, interval_s: float) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import blake3
 import numpy as np
 
+from tandem_http import TokenOutOfVocabulary, TooManyItems
 from tandem_vllm.items import item_to_vllm
 from tandem_wire import (
     DecodeLimits,
@@ -25,7 +26,7 @@ from tandem_wire import (
     decode_item,
 )
 
-from .errors import CacheMiss, InvalidItem, InvalidPlaceholders, TokenOutOfVocabulary, TooManyItems
+from .errors import CacheMiss, InvalidItem, InvalidPlaceholders
 from .item_store import ItemStore, StoredItem
 from .model_spec import ModalitySpec, ModelSpec, grid_cells, layout_kind
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from tandem_http import BadRequest, ModelNotFound, PromptTooLong
 from tandem_wire import (
     DecodeLimits,
     GenerateRequest,
@@ -17,13 +18,7 @@ from tandem_wire import (
 )
 
 from .engine import Engine
-from .errors import (
-    BadRequest,
-    EngineNotReady,
-    ModelNotFound,
-    PromptTooLong,
-    UnsupportedSamplingParams,
-)
+from .errors import EngineNotReady, UnsupportedSamplingParams
 from .inputs import InputBuilder
 from .item_store import ItemStore
 from .metrics import GenerateMetrics

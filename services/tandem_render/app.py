@@ -26,9 +26,8 @@ from tandem_http import (
     pretouch,
     read_body,
 )
-from tandem_wire import WireError, encode_generate_request_parts
+from tandem_wire import encode_generate_request_parts
 
-from .errors import Overloaded, RenderError
 from .media import MediaLoader
 from .metrics import RenderMetrics
 from .service import Renderer, RenderService
@@ -44,7 +43,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     so a process that only imports this module does no work."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = RenderMetrics.create(registry)
-    gate = AdmissionGate(settings.max_pending, "tandem_render", _overloaded, registry)
+    gate = AdmissionGate(settings.max_pending, "tandem_render", registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,7 +65,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     app = FastAPI(title="Tandem render", lifespan=lifespan, openapi_url=None)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))
     app.add_middleware(RequestIdMiddleware)
-    install_error_handlers(app, (RenderError, WireError))
+    install_error_handlers(app)
 
     async def request_body(request: Request) -> tuple[bytes, Any, Any]:
         body = await read_body(request, settings.max_body_bytes)
@@ -112,10 +111,6 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         return metrics_response(registry)
 
     return app
-
-
-def _overloaded(limit: int) -> Overloaded:
-    return Overloaded(f"more than {limit} requests pending; retry")
 
 
 def prepare_worker_memory(settings: RenderSettings) -> None:

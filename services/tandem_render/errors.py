@@ -1,15 +1,12 @@
-"""The render service's error family: each error has an HTTP status and a stable type string."""
+"""The render service's own errors (media loading); the errors it shares with generate are in
+tandem_http, the type strings in tandem_wire.error_types."""
 
 from __future__ import annotations
 
+from tandem_wire import TandemHTTPError, error_types
+
 __all__ = [
     "RenderError",
-    "BadRequest",
-    "Unauthorized",
-    "ModelNotFound",
-    "PromptTooLong",
-    "TokenOutOfVocabulary",
-    "TooManyItems",
     "MediaError",
     "MediaSchemeNotAllowed",
     "MediaUrlForbidden",
@@ -18,72 +15,23 @@ __all__ = [
     "MediaNotFound",
     "InvalidImage",
     "ImageTooLarge",
-    "Overloaded",
 ]
 
 
-class RenderError(Exception):
-    """Base of every error the render service answers with (never for bugs: those are 500s).
-
-    ``type`` is stable and machine-readable; ``message`` is for people and never carries a
-    stack trace or more than a short excerpt of the input.
-    """
-
-    status_code: int = 400
-    type: str = "invalid_request"
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-class BadRequest(RenderError):
-    """The request is well-formed but not acceptable (bad field value, unsupported option)."""
-
-
-class Unauthorized(RenderError):
-    """Missing or wrong API key."""
-
-    status_code = 401
-    type = "unauthorized"
-
-
-class ModelNotFound(RenderError):
-    """The request names a model this server does not serve."""
-
-    status_code = 404
-    type = "model_not_found"
-
-
-class PromptTooLong(RenderError):
-    """The rendered prompt does not fit the model's context."""
-
-    type = "prompt_too_long"
-
-
-class TokenOutOfVocabulary(RenderError):
-    """A token id given by the caller is outside the tokenizer's vocabulary."""
-
-    type = "token_out_of_vocabulary"
-
-
-class TooManyItems(RenderError):
-    """More images/videos in one prompt than the configured limit."""
-
-    type = "too_many_items"
+class RenderError(TandemHTTPError):
+    """Base of the errors only the render service answers with."""
 
 
 class MediaError(RenderError):
-    """Base of the media-loading failures."""
+    """Base of the media-loading failures (raised itself for a malformed media URL)."""
 
-    type = "invalid_media"
+    type = error_types.INVALID_MEDIA
 
 
 class MediaSchemeNotAllowed(MediaError):
     """The media URL's scheme is not allowed (e.g. ``ftp:``, or ``file:`` without a folder)."""
 
-    type = "media_scheme_not_allowed"
+    type = error_types.MEDIA_SCHEME_NOT_ALLOWED
 
 
 class MediaUrlForbidden(MediaError):
@@ -92,7 +40,7 @@ class MediaUrlForbidden(MediaError):
     file outside the allowed folder."""
 
     status_code = 403
-    type = "media_url_forbidden"
+    type = error_types.MEDIA_URL_FORBIDDEN
 
 
 class MediaFetchFailed(MediaError):
@@ -100,26 +48,26 @@ class MediaFetchFailed(MediaError):
     redirects."""
 
     status_code = 422
-    type = "media_fetch_failed"
+    type = error_types.MEDIA_FETCH_FAILED
 
 
 class MediaTooLarge(MediaError):
     """The media's bytes exceed the configured size cap."""
 
     status_code = 413
-    type = "media_too_large"
+    type = error_types.MEDIA_TOO_LARGE
 
 
 class MediaNotFound(MediaError):
     """A local media file does not exist."""
 
-    type = "media_not_found"
+    type = error_types.MEDIA_NOT_FOUND
 
 
 class InvalidImage(MediaError):
     """The bytes are not an image the server can decode."""
 
-    type = "invalid_image"
+    type = error_types.INVALID_IMAGE
 
 
 class ImageTooLarge(MediaError):
@@ -127,11 +75,4 @@ class ImageTooLarge(MediaError):
     decoding."""
 
     status_code = 413
-    type = "image_too_large"
-
-
-class Overloaded(RenderError):
-    """Too many requests are waiting; retry later."""
-
-    status_code = 429
-    type = "overloaded"
+    type = error_types.IMAGE_TOO_LARGE

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import BadRequest, TokenOutOfVocabulary, TooManyItems
+from tandem_http import BadRequest, TokenOutOfVocabulary, TooManyItems
 
 __all__ = [
     "MEDIA_URL_PREFIX",

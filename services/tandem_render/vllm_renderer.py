@@ -33,11 +33,11 @@ from vllm.renderers.chat_utils import load_chat_template
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.utils.async_utils import make_async
 
+from tandem_http import BadRequest, ModelNotFound, PromptTooLong
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_vllm.sampling import sampling_params_to_wire
-from tandem_wire import GenerateRequest
+from tandem_wire import GenerateRequest, TandemHTTPError
 
-from .errors import BadRequest, ModelNotFound, PromptTooLong, RenderError
 from .inline import InlineExecutor
 from .media_connector import (
     DecodedCache,
@@ -248,7 +248,7 @@ async def _call(awaitable: Any) -> Any:
     """Run an upstream render call, turning its error values and input errors into ours."""
     try:
         result = await awaitable
-    except RenderError:
+    except TandemHTTPError:
         raise
     except AssertionError as exc:
         # vLLM's processor asserts on prompts whose placeholders do not match their media

@@ -20,6 +20,7 @@ from tandem_wire import (
     decode_generate_request,
     decode_generate_requests,
     encode_generate_request,
+    error_types,
 )
 
 from .errors import (
@@ -308,7 +309,9 @@ class AsyncTandemClient:
             for key in _item_keys(request, tenant):
                 held.add(key)
             return decode_document(r.content, GenerateResponse, self._answer_format(r))
-        raise ServerError("items kept going missing", type="mm_cache_miss", status_code=409)
+        raise ServerError(
+            "items kept going missing", type=error_types.MM_CACHE_MISS, status_code=409
+        )
 
     async def rollout(
         self,

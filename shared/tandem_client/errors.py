@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem_wire import error_types
+
 __all__ = [
     "TandemError",
     "TransportError",
@@ -101,14 +103,21 @@ class ServerError(ServiceError):
 
 
 _BY_TYPE: dict[str, type[ServiceError]] = {
-    "unauthorized": AuthenticationError,
-    "model_not_found": ModelNotFoundError,
-    "mm_cache_miss": CacheMissError,
-    "overloaded": OverloadedError,
-    "payload_too_large": PayloadTooLargeError,
-    "media_too_large": PayloadTooLargeError,
-    "image_too_large": PayloadTooLargeError,
+    error_types.UNAUTHORIZED: AuthenticationError,
+    error_types.MODEL_NOT_FOUND: ModelNotFoundError,
+    error_types.MM_CACHE_MISS: CacheMissError,
+    error_types.OVERLOADED: OverloadedError,
+    error_types.PAYLOAD_TOO_LARGE: PayloadTooLargeError,
+    error_types.MEDIA_TOO_LARGE: PayloadTooLargeError,
+    error_types.IMAGE_TOO_LARGE: PayloadTooLargeError,
+    error_types.INVALID_MEDIA: MediaError,
+    error_types.MEDIA_SCHEME_NOT_ALLOWED: MediaError,
+    error_types.MEDIA_URL_FORBIDDEN: MediaError,
+    error_types.MEDIA_FETCH_FAILED: MediaError,
+    error_types.MEDIA_NOT_FOUND: MediaError,
+    error_types.INVALID_IMAGE: MediaError,
 }
+"""The types with an exception of their own; any other maps by status (5xx, 429, else 4xx)."""
 
 
 def error_from_response(
@@ -120,9 +129,7 @@ def error_from_response(
     type_ = str(info.get("type") or f"http_{status_code}")
     cls = _BY_TYPE.get(type_)
     if cls is None:
-        if type_.startswith(("media_", "invalid_image")):
-            cls = MediaError
-        elif status_code >= 500:
+        if status_code >= 500:
             cls = ServerError
         elif status_code == 429:
             cls = OverloadedError

@@ -3,7 +3,17 @@
 from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted
 from .auth import ApiKeyMiddleware
 from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_response
-from .errors import HTTPErrorLike, error_body, error_response, install_error_handlers
+from .errors import (
+    BadRequest,
+    ModelNotFound,
+    Overloaded,
+    PromptTooLong,
+    TokenOutOfVocabulary,
+    TooManyItems,
+    error_body,
+    error_response,
+    install_error_handlers,
+)
 from .memory import keep_freed_memory, pretouch
 from .metrics import (
     MULTIPROC_ENV,
@@ -20,13 +30,18 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "AdmissionGate",
     "ApiKeyMiddleware",
+    "BadRequest",
     "BodyTooLarge",
-    "HTTPErrorLike",
     "HeldStreamingResponse",
+    "ModelNotFound",
+    "Overloaded",
     "PartsResponse",
+    "PromptTooLong",
     "RequestIdMiddleware",
     "Slot",
     "admitted",
+    "TokenOutOfVocabulary",
+    "TooManyItems",
     "error_body",
     "error_response",
     "install_error_handlers",

@@ -11,6 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from .errors import Overloaded
+
 __all__ = ["AdmissionGate", "HeldStreamingResponse", "Slot", "admitted"]
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -31,20 +33,15 @@ class Slot:
 class AdmissionGate:
     """Bounds the requests one process holds (reading, queued, running, or streaming).
 
-    Past ``limit``, ``admit`` raises ``refuse(limit)`` (a 429) at once: callers admit at the
-    very start of a request, before its body is read or decoded, so a refusal is cheap and
-    the process never queues without bound. Make one per process in the app factory.
+    Past ``limit``, ``admit`` raises ``Overloaded`` (429, retry after a second) at once: callers
+    admit at the very start of a request, before its body is read or decoded, so a refusal is
+    cheap and the process never queues without bound. Make one per process in the app factory.
     """
 
     def __init__(
-        self,
-        limit: int,
-        metric_prefix: str,
-        refuse: Callable[[int], Exception],
-        registry: CollectorRegistry | None = REGISTRY,
+        self, limit: int, metric_prefix: str, registry: CollectorRegistry | None = REGISTRY
     ) -> None:
         self.limit = limit
-        self._refuse = refuse
         self._current = 0
         # Summed over live worker processes: reads as the queue depth of the whole service.
         self.pending = Gauge(
@@ -65,7 +62,7 @@ class AdmissionGate:
     def admit(self) -> Slot:
         if self._current >= self.limit:
             self.rejected.inc()
-            raise self._refuse(self.limit)
+            raise Overloaded(f"more than {self.limit} requests pending; retry", retry_after=1)
         self._current += 1
         self.pending.inc()
         return Slot(self)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tandem_wire import format_for_accept, new_request_id
+from tandem_wire import error_types, format_for_accept, new_request_id
 
 from .errors import error_body
 from .request_id import REQUEST_ID_HEADER
@@ -59,7 +59,7 @@ class ApiKeyMiddleware:
         body = error_body(
             fmt,
             status_code=401,
-            type="unauthorized",
+            type=error_types.UNAUTHORIZED,
             message="missing or invalid API key",
             request_id=rid,
         )

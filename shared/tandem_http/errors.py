@@ -1,11 +1,17 @@
-"""One place that turns exceptions into Tandem's error body: ``{"error": {"type", "message"}}``."""
+"""Tandem's errors over HTTP, in one place: the errors every service shares, and the handlers
+that turn any exception into the error body ``{"error": {"type", "message", ...}}``.
+
+The base, ``tandem_wire.TandemHTTPError``, lives in the wire library so that the codec's
+WireError is one too; the ``type`` strings live in ``tandem_wire.error_types``. A service keeps
+only the errors that are its own (a subclass of its package base, itself a TandemHTTPError).
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -16,39 +22,79 @@ from starlette.responses import Response
 from tandem_wire import (
     ErrorBody,
     ErrorInfo,
-    WireError,
+    TandemHTTPError,
     WireFormat,
     encode_document,
+    error_types,
     format_for_accept,
 )
 
 from .request_id import REQUEST_ID_HEADER, request_id_of
 
-__all__ = ["HTTPErrorLike", "error_body", "error_response", "install_error_handlers"]
+__all__ = [
+    "BadRequest",
+    "ModelNotFound",
+    "Overloaded",
+    "PromptTooLong",
+    "TokenOutOfVocabulary",
+    "TooManyItems",
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+]
 
 logger = logging.getLogger("tandem")
 
+
+class BadRequest(TandemHTTPError):
+    """The request is well-formed but not acceptable (bad field value, unsupported option)."""
+
+
+class ModelNotFound(TandemHTTPError):
+    """``model`` names a model this server does not serve."""
+
+    status_code = 404
+    type = error_types.MODEL_NOT_FOUND
+
+
+class PromptTooLong(TandemHTTPError):
+    """The prompt (on generate: plus ``max_tokens``) does not fit the model's context."""
+
+    type = error_types.PROMPT_TOO_LONG
+
+
+class TokenOutOfVocabulary(TandemHTTPError):
+    """A token id given by the caller is outside the model's vocabulary."""
+
+    type = error_types.TOKEN_OUT_OF_VOCABULARY
+
+
+class TooManyItems(TandemHTTPError):
+    """More images/videos in one prompt than the configured limit."""
+
+    type = error_types.TOO_MANY_ITEMS
+
+
+class Overloaded(TandemHTTPError):
+    """Too many requests are waiting; retry later (after ``retry_after`` seconds when given)."""
+
+    status_code = 429
+    type = error_types.OVERLOADED
+
+
 _HTTP_TYPES = {
-    400: "invalid_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-    429: "overloaded",
-    503: "unavailable",
+    400: error_types.INVALID_REQUEST,
+    401: error_types.UNAUTHORIZED,
+    403: error_types.FORBIDDEN,
+    404: error_types.NOT_FOUND,
+    405: error_types.METHOD_NOT_ALLOWED,
+    413: error_types.PAYLOAD_TOO_LARGE,
+    415: error_types.UNSUPPORTED_MEDIA_TYPE,
+    429: error_types.OVERLOADED,
+    503: error_types.UNAVAILABLE,
 }
 _BODY_LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
 _MAX_MESSAGE = 200
-
-
-class HTTPErrorLike(Protocol):
-    """What a service error class provides (``param``, ``details``, ``retry_after`` optional)."""
-
-    status_code: int
-    type: str
-    message: str
 
 
 def error_body(
@@ -102,24 +148,20 @@ def error_response(
 
 
 async def _handle_known(request: Request, exc: Exception) -> Response:
-    status = int(getattr(exc, "status_code", 500))
-    type_ = str(getattr(exc, "type", "internal_error"))
-    message = getattr(exc, "message", None)
-    # Service errors are written to be shown; str() is only a fallback for a class lacking one.
-    message = message if isinstance(message, str) else str(exc)
+    exc = cast(TandemHTTPError, exc)  # registered for TandemHTTPError (and subclasses) only
+    status = exc.status_code
     headers: dict[str, str] = {}
-    retry_after = getattr(exc, "retry_after", None)
-    if status in (429, 503) and isinstance(retry_after, (int, float)):
-        headers["Retry-After"] = str(max(0, math.ceil(retry_after)))
+    if status in (429, 503) and exc.retry_after is not None:
+        headers["Retry-After"] = str(max(0, math.ceil(exc.retry_after)))
     if status >= 500:
-        logger.warning("%s (request id %s): %s", type_, request_id_of(request), message)
+        logger.warning("%s (request id %s): %s", exc.type, request_id_of(request), exc.message)
     return error_response(
         request,
         status_code=status,
-        type=type_,
-        message=message,
-        param=getattr(exc, "param", None),
-        details=getattr(exc, "details", None),
+        type=exc.type,
+        message=exc.message,
+        param=exc.param,
+        details=exc.details,
         headers=headers,
     )
 
@@ -148,14 +190,19 @@ async def _handle_validation(request: Request, exc: Exception) -> Response:
     # Registered for RequestValidationError only.
     message, param = _validation_summary(cast(RequestValidationError, exc))
     return error_response(
-        request, status_code=400, type="invalid_request", message=message, param=param
+        request,
+        status_code=400,
+        type=error_types.INVALID_REQUEST,
+        message=message,
+        param=param,
     )
 
 
 async def _handle_http(request: Request, exc: Exception) -> Response:
     exc = cast(StarletteHTTPException, exc)  # registered for this class only
     status = exc.status_code
-    type_ = _HTTP_TYPES.get(status, "internal_error" if status >= 500 else "http_error")
+    fallback = error_types.INTERNAL_ERROR if status >= 500 else error_types.HTTP_ERROR
+    type_ = _HTTP_TYPES.get(status, fallback)
     message = exc.detail if isinstance(exc.detail, str) else type_.replace("_", " ")
     return error_response(
         request, status_code=status, type=type_, message=message, headers=exc.headers
@@ -176,20 +223,17 @@ async def _handle_unexpected(request: Request, exc: Exception) -> Response:
     return error_response(
         request,
         status_code=500,
-        type="internal_error",
+        type=error_types.INTERNAL_ERROR,
         message=f"internal error (request id {rid})",
     )
 
 
-def install_error_handlers(app: FastAPI, handled: tuple[type[Exception], ...]) -> None:
-    """Register the error handlers: one per class in ``handled`` (plus WireError), validation
-    errors (400), routing HTTPExceptions (404/405...) and a catch-all 500.
-
-    Each class in ``handled`` follows HTTPErrorLike; its subclasses are rendered by the same
-    handler (Starlette looks handlers up along the exception's MRO).
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the error handlers: every TandemHTTPError (service errors, shared errors and
+    WireError alike; Starlette looks handlers up along the exception's MRO) with its own status
+    and type, validation errors (400), routing HTTPExceptions (404/405...) and a catch-all 500.
     """
-    for cls in dict.fromkeys((*handled, WireError)):
-        app.add_exception_handler(cls, _handle_known)
+    app.add_exception_handler(TandemHTTPError, _handle_known)
     app.add_exception_handler(RequestValidationError, _handle_validation)
     app.add_exception_handler(StarletteHTTPException, _handle_http)
     app.add_exception_handler(Exception, _handle_unexpected)

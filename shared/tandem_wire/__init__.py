@@ -1,8 +1,10 @@
-"""tandem_wire: Tandem's wire contract (schemas, kwargs-item codec, limits, typed errors).
+"""tandem_wire: Tandem's wire contract (schemas, kwargs-item codec, limits, typed errors and
+the ``error_types`` every error body's ``type`` is one of).
 
 Imports neither vLLM nor a web framework, so a trainer can install the client without them.
 """
 
+from . import error_types
 from .codec import (
     RAW_TENSOR_EXT,
     b64decode_item_bytes,
@@ -37,6 +39,7 @@ from .errors import (
     NestingTooDeep,
     PayloadTooLarge,
     ShapeMismatch,
+    TandemHTTPError,
     UnsupportedDtype,
     UnsupportedExtType,
     WireError,
@@ -102,6 +105,7 @@ __all__ = [
     "RAW_TENSOR_EXT",
     "ShapeMismatch",
     "SharedLayout",
+    "TandemHTTPError",
     "TokenLogprob",
     "TokenLogprobContent",
     "UnsupportedDtype",
@@ -123,6 +127,7 @@ __all__ = [
     "encode_generate_requests",
     "encode_item",
     "encode_item_b64",
+    "error_types",
     "format_for_accept",
     "format_of_content_type",
     "new_request_id",

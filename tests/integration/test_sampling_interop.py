@@ -48,7 +48,7 @@ def test_upstream_render_output_means_the_same_on_our_generate(fleet):
     fills the context for an absent max_tokens: ours must read the document the same way. A
     long prompt keeps the room left (and so the test) short."""
     model, urls = fleet
-    text = "alpha beta gamma delta " * 700
+    text = "alpha beta gamma delta " * 300
     body = chat_body(
         model,
         [data_url(png_bytes(seed=62))],

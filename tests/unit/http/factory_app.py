@@ -18,7 +18,7 @@ def create() -> FastAPI:
     greeting = os.environ["TANDEM_HTTP_TEST_GREETING"]
     hellos = Counter("tandem_http_test_hellos", "Hello requests served.")
     app = FastAPI()
-    install_error_handlers(app, ())
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

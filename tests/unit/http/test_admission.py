@@ -10,34 +10,26 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
-from tandem_http import AdmissionGate, HeldStreamingResponse, admitted, install_error_handlers
+from tandem_http import (
+    AdmissionGate,
+    HeldStreamingResponse,
+    Overloaded,
+    admitted,
+    install_error_handlers,
+)
 
 from ...support.asgi import AsgiCall
 
 pytestmark = pytest.mark.anyio
 
 
-class Busy(Exception):
-    status_code = 429
-    type = "overloaded"
-    retry_after = 1
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-def refuse(limit: int) -> Busy:
-    return Busy(f"more than {limit} pending")
-
-
 def gate_app(limit: int) -> tuple[FastAPI, AdmissionGate, dict]:
     registry = CollectorRegistry()
-    gate = AdmissionGate(limit, "tandem_test", refuse, registry)
+    gate = AdmissionGate(limit, "tandem_test", registry)
     seen = {"bodies_read": 0, "streams_started": 0}
     release = asyncio.Event()
     app = FastAPI()
-    install_error_handlers(app, (Busy,))
+    install_error_handlers(app)
 
     @app.post("/work")
     @admitted(gate)
@@ -74,9 +66,9 @@ def client(app: FastAPI) -> httpx.AsyncClient:
 
 
 def test_a_slot_is_released_once() -> None:
-    gate = AdmissionGate(1, "tandem_once", refuse, CollectorRegistry())
+    gate = AdmissionGate(1, "tandem_once", CollectorRegistry())
     slot = gate.admit()
-    with pytest.raises(Busy):
+    with pytest.raises(Overloaded):
         gate.admit()
     slot.release()
     slot.release()

@@ -16,7 +16,7 @@ KEY = "s3cret-key"
 
 def make_app(api_key: str | None) -> FastAPI:
     app = FastAPI()
-    install_error_handlers(app, ())
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

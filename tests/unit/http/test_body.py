@@ -28,7 +28,7 @@ MSGPACK = "application/vnd.msgpack"
 
 def make_app() -> FastAPI:
     app = FastAPI()
-    install_error_handlers(app, ())
+    install_error_handlers(app)
 
     @app.post("/echo")
     async def echo(request: Request) -> Response:

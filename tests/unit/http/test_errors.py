@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import httpx
 import msgspec
@@ -12,24 +11,15 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from tandem_http import RequestIdMiddleware, install_error_handlers
-from tandem_wire import MalformedBody
+from tandem_wire import MalformedBody, TandemHTTPError
 
 pytestmark = pytest.mark.anyio
 
 MSGPACK = "application/vnd.msgpack"
 
 
-class ServiceError(Exception):
-    status_code = 400
+class ServiceError(TandemHTTPError):
     type = "service_error"
-
-    def __init__(
-        self, message: str, *, param: str | None = None, details: dict[str, Any] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.details = details
 
 
 class CacheMiss(ServiceError):
@@ -52,7 +42,7 @@ MISSING = {"image": ["ab" * 32]}
 
 def make_app(*, request_ids: bool = True) -> FastAPI:
     app = FastAPI()
-    install_error_handlers(app, (ServiceError,))
+    install_error_handlers(app)
 
     @app.get("/miss")
     async def miss() -> None:

@@ -18,7 +18,7 @@ HEX_ID = re.compile(r"[0-9a-f]{32}")
 
 def make_app() -> FastAPI:
     app = FastAPI()
-    install_error_handlers(app, ())
+    install_error_handlers(app)
 
     @app.get("/id")
     async def show_id(request: Request) -> dict[str, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem_render.errors import BadRequest, TokenOutOfVocabulary, TooManyItems
+from tandem_http import BadRequest, TokenOutOfVocabulary, TooManyItems
 from tandem_render.prepare import RequestLimits, prepare_chat, prepare_completion
 
 LIMITS = RequestLimits(
