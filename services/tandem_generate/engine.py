@@ -25,6 +25,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from tandem_vllm.items import item_from_vllm, placeholder_from_vllm
 from tandem_vllm.prompts import engine_prompt
 from tandem_vllm.sampling import MaxTokensDefaults
+from tandem_vllm.upstream_names import check_upstream_names
 from tandem_wire import PlaceholderRange
 
 from .errors import EngineNotReady
@@ -39,6 +40,7 @@ class Engine:
     """One vLLM AsyncLLM plus the facts about its model that validation needs."""
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
+        check_upstream_names(["generate"])  # a vLLM upgrade fails here, not mid-request
         self.llm = AsyncLLM.from_engine_args(
             seed_safe_engine_args(engine_args), usage_context=UsageContext.OPENAI_API_SERVER
         )

@@ -31,6 +31,7 @@ from vllm.utils.async_utils import make_async
 
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_vllm.requests import UpstreamGenerateRequest, generate_request_to_wire
+from tandem_vllm.upstream_names import check_upstream_names
 from tandem_wire import GenerateRequest
 
 from .errors import BadRequest, ModelNotFound, PromptTooLong, RenderError
@@ -84,6 +85,7 @@ class EngineRenderer:
     """Renders chat and completion requests into wire generate requests."""
 
     def __init__(self, settings: RenderSettings) -> None:
+        check_upstream_names(["render"])  # a vLLM upgrade fails here, not mid-request
         # Every media URL vLLM sees is one we substituted; this connector serves their bytes.
         register_connector(inline=settings.inline_processing)
         names = list(settings.names())
