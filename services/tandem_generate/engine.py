@@ -15,8 +15,6 @@ from typing import Any
 import numpy as np
 from vllm.config import SchedulerConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.inputs import mm_input
-from vllm.multimodal.inputs import MultiModalKwargsItems, PlaceholderRange
 from vllm.outputs import RequestOutput
 from vllm.platforms import current_platform
 from vllm.sampling_params import SamplingParams
@@ -25,10 +23,13 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from tandem_vllm.items import item_from_vllm, placeholder_from_vllm
+from tandem_vllm.prompts import engine_prompt
+from tandem_vllm.sampling import MaxTokensDefaults
+from tandem_vllm.upstream_names import check_upstream_names
+from tandem_wire import PlaceholderRange
 
 from .errors import EngineNotReady
 from .model_spec import ModelSpec, modality_spec
-from .sampling import MaxTokensDefaults
 
 __all__ = ["Engine"]
 
@@ -39,6 +40,7 @@ class Engine:
     """One vLLM AsyncLLM plus the facts about its model that validation needs."""
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
+        check_upstream_names(["generate"])  # a vLLM upgrade fails here, not mid-request
         self.llm = AsyncLLM.from_engine_args(
             seed_safe_engine_args(engine_args), usage_context=UsageContext.OPENAI_API_SERVER
         )
@@ -60,7 +62,7 @@ class Engine:
         token_ids: list[int],
         items: dict[str, list[Any]],
         hashes: dict[str, list[str]],
-        placeholders: dict[str, list[tuple[int, int, np.ndarray | None]]],
+        placeholders: dict[str, list[PlaceholderRange]],
         sampling_params: SamplingParams,
         request_id: str,
         *,
@@ -68,29 +70,7 @@ class Engine:
         cache_salt: str | None = None,
         reasoning_ended: bool | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        if items:
-            import torch
-
-            ranges = {
-                m: [
-                    PlaceholderRange(
-                        offset=o, length=n, is_embed=None if e is None else torch.from_numpy(e)
-                    )
-                    for o, n, e in rs
-                ]
-                for m, rs in placeholders.items()
-            }
-            prompt: Any = mm_input(
-                prompt_token_ids=token_ids,
-                mm_kwargs=MultiModalKwargsItems(items),
-                mm_hashes=hashes,
-                mm_placeholders=ranges,
-                cache_salt=cache_salt,
-            )
-        else:
-            prompt = {"type": "token", "prompt_token_ids": token_ids}
-            if cache_salt is not None:
-                prompt["cache_salt"] = cache_salt
+        prompt = engine_prompt(token_ids, items, hashes, placeholders, cache_salt=cache_salt)
         return _typed_engine_errors(
             self.llm.generate(
                 prompt,

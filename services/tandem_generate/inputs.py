@@ -38,7 +38,8 @@ class EngineInputs:
     token_ids: list[int]
     items: dict[str, list[Any]]
     hashes: dict[str, list[str]]
-    placeholders: dict[str, list[tuple[int, int, np.ndarray | None]]]
+    placeholders: dict[str, list[PlaceholderRange]]
+    """Checked ranges, ``is_embed`` computed from the tokens (tandem_vllm converts them)."""
 
 
 def content_id(tenant: str, data: ItemBytes) -> str:
@@ -134,7 +135,7 @@ class InputBuilder:
         wire: KwargsItem,
         spec: ModalitySpec,
         modality: str,
-    ) -> tuple[int, int, np.ndarray | None]:
+    ) -> PlaceholderRange:
         window = np.asarray(ids[p.offset : p.offset + p.length])
         mask = window == spec.placeholder_token
         if p.is_embed is not None and not np.array_equal(mask, np.asarray(p.is_embed, bool)):
@@ -153,7 +154,8 @@ class InputBuilder:
                 f"item's grid needs {expected}"
             )
         # Computed from the tokens rather than trusted: upstream render does not send it.
-        return p.offset, p.length, None if bool(mask.all()) else mask
+        is_embed = None if bool(mask.all()) else mask.tolist()
+        return PlaceholderRange(offset=p.offset, length=p.length, is_embed=is_embed)
 
 
 def expected_embeds(wire: KwargsItem, spec: ModalitySpec) -> int | None:

@@ -1,124 +1,33 @@
-"""Sampling fields from the wire -> vLLM ``SamplingParams``, through an allowlist."""
+"""Sampling fields from the wire -> vLLM ``SamplingParams``; refusals become this service's 400.
+
+The conversion itself (allowlist, ``max_tokens`` defaults) is ``tandem_vllm.sampling``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
-from vllm.exceptions import VLLMClientError
-from vllm.sampling_params import RequestOutputKind, SamplingParams
+from tandem_vllm.sampling import (
+    SamplingParamsRefused,
+    default_max_tokens,
+    sampling_params_from_wire,
+)
 
 from .errors import UnsupportedSamplingParams
 
-__all__ = [
-    "ALLOWED_FIELDS",
-    "IGNORED_FIELDS",
-    "MaxTokensDefaults",
-    "build_sampling_params",
-    "default_max_tokens",
-]
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
 
-# What a caller may set. Left out on purpose: `extra_args` and `structured_outputs` (engine-side
-# plugins and grammars are a server decision), and vLLM's private `_...` fields.
-ALLOWED_FIELDS = frozenset(
-    {
-        "n",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "seed",
-        "stop",
-        "stop_token_ids",
-        "ignore_eos",
-        "max_tokens",
-        "min_tokens",
-        "logprobs",
-        "prompt_logprobs",
-        "detokenize",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "include_stop_str_in_output",
-        "logit_bias",
-        "allowed_token_ids",
-        "bad_words",
-        "skip_reading_prefix_cache",
-        "flat_logprobs",
-        "logprob_token_ids",
-        "repetition_detection",
-    }
-)
-# Written by render for the engine's own bookkeeping; the server sets them per request, or
-# vLLM derives them again (``output_text_buffer_length`` from the stop strings).
-IGNORED_FIELDS = frozenset(
-    {"output_kind", "skip_clone", "stream_interval", "output_text_buffer_length"}
-)
-
-
-class MaxTokensDefaults(msgspec.Struct, frozen=True):
-    """What upstream's generate falls back on when a request leaves ``max_tokens`` out."""
-
-    max_model_len: int
-    generation_config: int | None = None
-    """``max_tokens`` from the model's generation config (``--generation-config``), if any."""
-    override: int | None = None
-    """``max_new_tokens`` from ``--override-generation-config``, if any."""
-
-    @classmethod
-    def from_model_config(cls, model_config: Any) -> MaxTokensDefaults:
-        # The same two sources upstream's OpenAI and generate servers read.
-        defaults = model_config.get_diff_sampling_param()
-        if model_config.generation_config not in ("auto", "vllm"):
-            override = defaults.get("max_tokens")
-        else:
-            override = (getattr(model_config, "override_generation_config", None) or {}).get(
-                "max_new_tokens"
-            )
-        return cls(model_config.max_model_len, defaults.get("max_tokens"), override)
-
-
-def default_max_tokens(defaults: MaxTokensDefaults, prompt_len: int) -> int:
-    """``max_tokens`` for a request that left it out: what upstream's generate uses, i.e. the
-    room left in the context, capped by the model's generation config (not 16, the dataclass
-    default of ``SamplingParams``)."""
-    return get_max_tokens(
-        max_model_len=defaults.max_model_len,
-        max_tokens=None,
-        input_length=prompt_len,
-        default_sampling_params={"max_tokens": defaults.generation_config},
-        override_max_tokens=defaults.override,
-    )
+__all__ = ["build_sampling_params", "default_max_tokens"]
 
 
 def build_sampling_params(
     fields: dict[str, Any], *, stream: bool, max_n: int, max_logprobs: int
 ) -> SamplingParams:
     """Validated ``SamplingParams``; every refusal is UnsupportedSamplingParams (400)."""
-    unknown = set(fields) - ALLOWED_FIELDS - IGNORED_FIELDS
-    if unknown:
-        shown = ", ".join(sorted(str(k)[:40] for k in unknown)[:5])
-        raise UnsupportedSamplingParams(
-            f"sampling_params fields not accepted here: {shown}", param="sampling_params"
-        )
-    given = {k: v for k, v in fields.items() if k in ALLOWED_FIELDS}
     try:
-        params = msgspec.convert(given, SamplingParams)
-    except (msgspec.ValidationError, VLLMClientError, ValueError, TypeError) as exc:
-        raise UnsupportedSamplingParams(
-            f"invalid sampling_params: {str(exc.args[0] if exc.args else exc)[:200]}",
-            param="sampling_params",
-        ) from None
-    if not 1 <= params.n <= max_n:
-        raise UnsupportedSamplingParams(f"n must be in [1, {max_n}]", param="sampling_params.n")
-    for name in ("logprobs", "prompt_logprobs"):
-        value = getattr(params, name)
-        if value is not None and value > max_logprobs:
-            raise UnsupportedSamplingParams(
-                f"{name} must be at most {max_logprobs}", param=f"sampling_params.{name}"
-            )
-    params.output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
-    return params
+        return sampling_params_from_wire(
+            fields, stream=stream, max_n=max_n, max_logprobs=max_logprobs
+        )
+    except SamplingParamsRefused as exc:
+        raise UnsupportedSamplingParams(exc.message, param=exc.param) from None

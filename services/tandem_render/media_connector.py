@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 import blake3
@@ -16,35 +13,19 @@ from vllm.multimodal.media.connector import global_thread_pool
 from .caches import DecodedCache
 from .errors import InvalidImage, MediaSchemeNotAllowed
 from .prepare import MEDIA_URL_PREFIX
+from .render_call import current
 
 __all__ = [
     "CONNECTOR_NAME",
     "DecodedCache",
     "decode_media",
     "decoded_size",
-    "prefetched_media",
     "register_connector",
 ]
 
 CONNECTOR_NAME = "tandem-prefetched"
 
 _INLINE = False  # set once per process by register_connector
-
-_MEDIA: contextvars.ContextVar[tuple[Mapping[str, bytes], DecodedCache | None]] = (
-    contextvars.ContextVar("tandem_media")
-)
-
-
-@contextmanager
-def prefetched_media(
-    media: Mapping[str, bytes], decoded: DecodedCache | None = None
-) -> Iterator[None]:
-    """Make ``media`` (token URL -> bytes) what the connector serves within this context."""
-    token = _MEDIA.set((media, decoded))
-    try:
-        yield
-    finally:
-        _MEDIA.reset(token)
 
 
 def decoded_size(media: Any) -> int:
@@ -59,12 +40,13 @@ def decoded_size(media: Any) -> int:
 
 def _lookup(url: str) -> tuple[bytes, DecodedCache | None]:
     # Defence in depth: the walker rewrote every media URL, so anything else reaching vLLM
-    # (a URL smuggled through a field we do not walk) is refused, never fetched.
-    media, decoded = _MEDIA.get(({}, None))
-    data = media.get(url) if url.startswith(MEDIA_URL_PREFIX) else None
-    if data is None:
+    # (a URL smuggled through a field we do not walk) is refused, never fetched. vLLM builds
+    # this connector itself, so the request's media arrive through its RenderCall.
+    call = current()
+    data = call.media.get(url) if call is not None and url.startswith(MEDIA_URL_PREFIX) else None
+    if data is None or call is None:
         raise MediaSchemeNotAllowed("media must come from a supported content part")
-    return data, decoded
+    return data, call.decoded
 
 
 def decode_media(media_io: Any, data: bytes, decoded: DecodedCache | None = None) -> Any:

@@ -7,9 +7,8 @@ The one module of the render service that drives vLLM: requests go through upstr
 
 from __future__ import annotations
 
-import contextvars
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from vllm.config import VllmConfig
@@ -19,9 +18,6 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.models.protocol import BaseModelPath
 from vllm.entrypoints.openai.models.serving import OpenAIModelRegistry
 from vllm.entrypoints.scale_out.render.serving import ServingRender
-from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
-    GenerateRequest as UpstreamGenerateRequest,
-)
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     MultiModalFeatures as UpstreamFeatures,
 )
@@ -35,17 +31,13 @@ from vllm.utils.async_utils import make_async
 
 from tandem_http import BadRequest, ModelNotFound, PromptTooLong
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
-from tandem_vllm.sampling import sampling_params_to_wire
+from tandem_vllm.requests import UpstreamGenerateRequest, generate_request_to_wire
+from tandem_vllm.upstream_names import check_upstream_names
 from tandem_wire import GenerateRequest, TandemHTTPError
 
 from .inline import InlineExecutor
-from .media_connector import (
-    DecodedCache,
-    decode_media,
-    decoded_size,
-    prefetched_media,
-    register_connector,
-)
+from .media_connector import DecodedCache, decode_media, decoded_size, register_connector
+from .render_call import PromptMedia, RenderCall, bound, current
 from .settings import RenderSettings
 
 __all__ = ["EngineRenderer", "ItemEncoder"]
@@ -53,10 +45,6 @@ __all__ = ["EngineRenderer", "ItemEncoder"]
 ItemEncoder = Callable[[str, Any], bytes]
 """(mm_hash, vLLM kwargs item) -> encoded item bytes; lets the caller cache by hash."""
 
-_CAPTURED: contextvars.ContextVar[list[Any]] = contextvars.ContextVar("tandem_engine_inputs")
-_PROMPT_MEDIA: contextvars.ContextVar[Sequence[Mapping[str, list[Any]] | None] | None] = (
-    contextvars.ContextVar("tandem_prompt_media", default=None)
-)
 _CONTEXT_LENGTH = re.compile(r"context length", re.IGNORECASE)
 _EMPTY_FEATURES = UpstreamFeatures(mm_hashes={}, mm_placeholders={})
 
@@ -65,7 +53,10 @@ class _CapturingServingRender(ServingRender):
     """Upstream's render logic; keeps the engine inputs instead of base64-encoding features."""
 
     def _extract_mm_features(self, engine_input: Any, *, mm_payload: Any = "tensors") -> Any:
-        _CAPTURED.get().append((engine_input, mm_payload))
+        call = current()
+        if call is None:
+            raise RuntimeError("rendered outside EngineRenderer: no RenderCall is bound")
+        call.captured.append((engine_input, mm_payload))
         return None if engine_input.get("type") != "multimodal" else _EMPTY_FEATURES
 
 
@@ -73,7 +64,8 @@ class _MediaOnlineRenderer(OnlineRenderer):
     """Adds images per completion prompt (token ids or text), which upstream lacks."""
 
     async def render_completion(self, request: Any, *, skip_mm_cache: bool = False) -> Any:
-        media = _PROMPT_MEDIA.get()
+        call = current()
+        media = call.prompt_media if call is not None else None
         if not media or all(m is None for m in media):
             return await super().render_completion(request, skip_mm_cache=skip_mm_cache)
         prompts: list[Any] = []
@@ -93,6 +85,7 @@ class EngineRenderer:
     """Renders chat and completion requests into wire generate requests."""
 
     def __init__(self, settings: RenderSettings) -> None:
+        check_upstream_names(["render"])  # a vLLM upgrade fails here, not mid-request
         # Every media URL vLLM sees is one we substituted; this connector serves their bytes.
         register_connector(inline=settings.inline_processing)
         names = list(settings.names())
@@ -158,30 +151,20 @@ class EngineRenderer:
         decoded: DecodedCache | None = None,
     ) -> GenerateRequest[bytes]:
         request = _validate(ChatCompletionRequest, body)
-        captured: list[Any] = []
-        token = _CAPTURED.set(captured)
-        try:
-            with prefetched_media(media, decoded):
-                result = await _call(self.serving.render_chat_request(request))
-        finally:
-            _CAPTURED.reset(token)
-        return self._to_wire(result, captured[0], encode)
+        call = RenderCall(media=media, decoded=decoded)
+        result = await _in_call(call, self.serving.render_chat_request(request))
+        return self._to_wire(result, call.captured[0], encode)
 
     async def render_completion(
         self,
         body: dict[str, Any],
-        prompt_media: Sequence[Mapping[str, list[Any]] | None] | None,
+        prompt_media: PromptMedia | None,
         encode: ItemEncoder,
     ) -> list[GenerateRequest[bytes]]:
         request = _validate(CompletionRequest, body)
-        captured: list[Any] = []
-        tokens = (_CAPTURED.set(captured), _PROMPT_MEDIA.set(prompt_media))
-        try:
-            results = await _call(self.serving.render_completion_request(request))
-        finally:
-            _PROMPT_MEDIA.reset(tokens[1])
-            _CAPTURED.reset(tokens[0])
-        return [self._to_wire(r, c, encode) for r, c in zip(results, captured, strict=True)]
+        call = RenderCall(prompt_media=prompt_media)
+        results = await _in_call(call, self.serving.render_completion_request(request))
+        return [self._to_wire(r, c, encode) for r, c in zip(results, call.captured, strict=True)]
 
     def _metadata_fields(self, modality: str) -> Collection[str]:
         return self.serving._placeholder_metadata_fields(modality)
@@ -196,25 +179,7 @@ class EngineRenderer:
             metadata_fields_for=self._metadata_fields,
             with_tensors=mm_payload == "tensors",
         )
-        parser_kwargs = req.reasoning_parser_kwargs
-        return GenerateRequest(
-            request_id=req.request_id,
-            token_ids=req.token_ids,
-            features=features,
-            sampling_params=sampling_params_to_wire(req.sampling_params),
-            model=req.model,
-            stream=req.stream,
-            stream_options=(
-                req.stream_options.model_dump() if req.stream_options is not None else None
-            ),
-            cache_salt=req.cache_salt,
-            priority=req.priority,
-            token_offsets=req.token_offsets,
-            reasoning_ended=req.reasoning_ended,
-            reasoning_parser_kwargs=(
-                parser_kwargs.model_dump() if parser_kwargs is not None else None
-            ),
-        )
+        return generate_request_to_wire(req, features)
 
 
 def _run_inline(renderer: Any) -> None:
@@ -242,6 +207,13 @@ def _validate(model: Any, body: dict[str, Any]) -> Any:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise BadRequest(f"{where}: {first.get('msg', 'invalid request')}"[:300]) from None
+
+
+async def _in_call(call: RenderCall, upstream: Awaitable[Any]) -> Any:
+    """Run an upstream render call with ``call`` as its hand-off: the one place a RenderCall
+    is bound (see ``render_call`` for why it cannot be passed down as an argument)."""
+    with bound(call):
+        return await _call(upstream)
 
 
 async def _call(awaitable: Any) -> Any:

@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from tandem_client import AsyncTandemClient
-from tandem_generate.sampling import ALLOWED_FIELDS
 from tandem_render.app import create_app as create_render_app
 from tandem_render.settings import RenderSettings
+from tandem_vllm.sampling import ALLOWED_FIELDS
 from tandem_wire import GenerateRequest
 
 from ...support.asgi import HostRouter, app_client

@@ -1,0 +1,238 @@
+"""Every vLLM internal the services lean on, checked at start-up and in CI.
+
+Private names (``_x``) carry no compatibility promise, and neither do the signatures of the
+methods we override: a vLLM upgrade that renames or reshapes one would otherwise fail in the
+middle of a request (or, for an override, silently stop being called). ``check_upstream_names``
+resolves each entry of ``UPSTREAM_NAMES`` against the installed vLLM and raises
+``UpstreamChanged`` naming every difference; each service calls it before building anything
+(``EngineRenderer.__init__``, ``Engine.__init__``), and ``tests/unit/vllm_adapters`` runs it.
+
+When vLLM changes one of these, update the code that uses it and this table together.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["UPSTREAM_NAMES", "UpstreamChanged", "UpstreamName", "check_upstream_names"]
+
+Side = Literal["render", "generate"]
+
+
+@dataclass(frozen=True)
+class UpstreamName:
+    """One vLLM name we rely on, and what we rely on it being."""
+
+    where: str
+    """``module:Qualified.name``; a last part assigned in ``__init__`` is an instance attribute."""
+
+    params: tuple[str, ...] | None
+    """The parameter list as ``signature_of`` spells it (``*`` opens keyword-only parameters);
+    None for an attribute, whose presence alone is checked."""
+
+    side: Side
+    """The service whose start-up checks it."""
+
+    why: str
+    """Where we use it, so whoever updates vLLM knows what to look at."""
+
+
+_SERVING_RENDER = "vllm.entrypoints.scale_out.render.serving:ServingRender"
+_ONLINE_RENDERER = "vllm.renderers.online_renderer:OnlineRenderer"
+_BASE_RENDERER = "vllm.renderers.base:BaseRenderer"
+_CONNECTOR = "vllm.multimodal.media:MediaConnector"
+
+UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
+    # Render: the capture of engine inputs (vllm_renderer._CapturingServingRender).
+    UpstreamName(
+        f"{_SERVING_RENDER}._extract_mm_features",
+        ("self", "engine_input", "*", "mm_payload"),
+        "render",
+        "overridden to keep the engine input instead of upstream's base64 features",
+    ),
+    UpstreamName(
+        f"{_SERVING_RENDER}._placeholder_metadata_fields",
+        ("self", "modality"),
+        "render",
+        "called for the fields each item's mm_metadata keeps",
+    ),
+    # Render: images per completion prompt (vllm_renderer._MediaOnlineRenderer).
+    UpstreamName(
+        f"{_ONLINE_RENDERER}.render_completion",
+        ("self", "request", "*", "skip_mm_cache"),
+        "render",
+        "overridden to attach each prompt's images",
+    ),
+    UpstreamName(
+        f"{_ONLINE_RENDERER}.preprocess_cmpl",
+        ("self", "request", "prompts", "*", "skip_mm_cache"),
+        "render",
+        "called by that override with prompts carrying multi_modal_data",
+    ),
+    # Render: running the renderer's steps on the calling thread (vllm_renderer._run_inline).
+    UpstreamName(f"{_BASE_RENDERER}._executor", None, "render", "its pool is swapped inline"),
+    UpstreamName(
+        "vllm.renderers.base:_SwappableExecutor._inner",
+        None,
+        "render",
+        "the pool behind renderer._executor, replaced by the inline executor",
+    ),
+    UpstreamName(f"{_BASE_RENDERER}._mm_executor", None, "render", "replaced inline"),
+    UpstreamName(f"{_BASE_RENDERER}._process_multimodal_async", None, "render", "rebound inline"),
+    UpstreamName(
+        f"{_BASE_RENDERER}._process_multimodal",
+        (
+            "self",
+            "prompt",
+            "mm_data",
+            "mm_uuids",
+            "mm_processor_kwargs",
+            "media_io_kwargs",
+            "*",
+            "skip_mm_cache",
+        ),
+        "render",
+        "wrapped again with make_async on the inline executor",
+    ),
+    UpstreamName(f"{_BASE_RENDERER}._clear_mm_cache_async", None, "render", "rebound inline"),
+    UpstreamName(f"{_BASE_RENDERER}.clear_mm_cache", ("self",), "render", "wrapped again inline"),
+    # Render: the media connector (media_connector.PrefetchedMediaConnector).
+    UpstreamName(
+        f"{_CONNECTOR}.load_from_url",
+        ("self", "url", "media_io", "*", "fetch_timeout"),
+        "render",
+        "overridden to serve only prefetched bytes",
+    ),
+    UpstreamName(
+        f"{_CONNECTOR}.load_from_url_async",
+        ("self", "url", "media_io", "*", "fetch_timeout"),
+        "render",
+        "overridden to serve only prefetched bytes",
+    ),
+    # Generate: called by keyword from tandem_vllm.
+    UpstreamName(
+        "vllm.inputs:mm_input",
+        (
+            "prompt_token_ids",
+            "mm_kwargs",
+            "mm_hashes",
+            "mm_placeholders",
+            "*",
+            "prompt",
+            "cache_salt",
+        ),
+        "generate",
+        "tandem_vllm.prompts.engine_prompt builds the engine prompt with it",
+    ),
+    UpstreamName(
+        "vllm.entrypoints.serve.utils.api_utils:get_max_tokens",
+        (
+            "max_model_len",
+            "max_tokens",
+            "input_length",
+            "default_sampling_params",
+            "override_max_tokens",
+            "truncate_prompt_tokens",
+        ),
+        "generate",
+        "tandem_vllm.sampling.default_max_tokens: what an absent max_tokens means upstream",
+    ),
+)
+
+
+class UpstreamChanged(RuntimeError):
+    """The installed vLLM lacks, or has reshaped, a name the services rely on."""
+
+
+def signature_of(obj: Any) -> tuple[str, ...]:
+    """Parameter names in order, ``*`` before the first keyword-only one (unless ``*args``),
+    ``*args``/``**kwargs`` spelled so, ``/`` after positional-only ones."""
+    out: list[str] = []
+    params = list(inspect.signature(obj).parameters.values())
+    for i, p in enumerate(params):
+        kind = p.kind
+        if kind is p.KEYWORD_ONLY and (
+            i == 0 or params[i - 1].kind not in (kind, p.VAR_POSITIONAL)
+        ):
+            out.append("*")
+        out.append(
+            f"*{p.name}"
+            if kind is p.VAR_POSITIONAL
+            else f"**{p.name}"
+            if kind is p.VAR_KEYWORD
+            else p.name
+        )
+        if kind is p.POSITIONAL_ONLY and (i + 1 == len(params) or params[i + 1].kind is not kind):
+            out.append("/")
+    return tuple(out)
+
+
+def _assigned_in_init(owner: type, attr: str) -> bool:
+    # An instance attribute: look for ``self.<attr> =`` in an __init__ along the MRO.
+    pattern = re.compile(rf"\bself\.{re.escape(attr)}\s*(:[^=\n]*)?=(?!=)")
+    for klass in owner.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            source = inspect.getsource(init)
+        except (OSError, TypeError):
+            continue
+        if pattern.search(source):
+            return True
+    return False
+
+
+def _problem(name: UpstreamName) -> str | None:
+    """What is wrong with ``name`` in the installed vLLM; None if nothing."""
+    module_name, _, qualname = name.where.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        return f"module {module_name} cannot be imported ({exc})"
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        last = i == len(parts) - 1
+        if last and name.params is None and isinstance(obj, type) and _assigned_in_init(obj, part):
+            return None
+        return "missing"
+    if name.params is None:
+        return None
+    try:
+        actual = signature_of(obj)
+    except (TypeError, ValueError):
+        return "no longer has a signature"
+    if actual != name.params:
+        return f"signature is ({', '.join(actual)}), expected ({', '.join(name.params)})"
+    return None
+
+
+def check_upstream_names(
+    sides: Iterable[Side] = ("render", "generate"),
+    names: Iterable[UpstreamName] = UPSTREAM_NAMES,
+) -> None:
+    """Raise ``UpstreamChanged`` listing every entry of ``names`` (for ``sides``) that the
+    installed vLLM no longer has as expected."""
+    wanted = set(sides)
+    problems = []
+    for name in names:
+        if name.side not in wanted:
+            continue
+        problem = _problem(name)
+        if problem is not None:
+            problems.append(f"  {name.where}: {problem} (used: {name.why})")
+    if problems:
+        import vllm
+
+        raise UpstreamChanged(
+            f"vLLM {getattr(vllm, '__version__', '?')} differs from what Tandem relies on "
+            "(see tandem_vllm/upstream_names.py):\n" + "\n".join(problems)
+        )
