@@ -154,7 +154,7 @@ def probe_model(model_config: Any) -> ModelSpec:
             text = tok.apply_chat_template(
                 [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
             )
-            ids = tok.encode(text, add_special_tokens=False)
+            ids = tok.encode(str(text), add_special_tokens=False)
             out = proc.apply(
                 ProcessorInputs(ids, proc.info.parse_mm_data({modality: [sample]})),
                 TimingContext(enabled=False),
@@ -162,7 +162,10 @@ def probe_model(model_config: Any) -> ModelSpec:
         except Exception as exc:  # a modality the model does not take
             log.info("model takes no %s input (%s)", modality, type(exc).__name__)
             continue
-        item = item_from_vllm(out["mm_kwargs"][modality][0])
+        processed = out["mm_kwargs"][modality][0]
+        if processed is None:  # a processor-cache placeholder; the probe never asks the cache
+            raise RuntimeError(f"the {modality} probe returned no item")
+        item = item_from_vllm(processed)
         ranges = [placeholder_from_vllm(p) for p in out["mm_placeholders"][modality]]
         spec.modalities[modality] = modality_spec(item, list(out["prompt_token_ids"]), ranges)
     return spec

@@ -44,7 +44,7 @@ def choice_logprobs(
     content = []
     for token_id, step in zip(token_ids, steps, strict=False):
         sampled = None if step is None else step.get(token_id)
-        if sampled is None:
+        if step is None or sampled is None:
             content.append(TokenLogprobContent(token_id=token_id, logprob=FLOOR))
             continue
         top = [

@@ -34,8 +34,10 @@ def decoded_size(media: Any) -> int:
     original = len(getattr(media, "original_bytes", b""))
     if hasattr(inner, "size") and hasattr(inner, "getbands"):  # a PIL image
         w, h = inner.size
-        return w * h * len(inner.getbands()) + original
-    return int(getattr(inner, "nbytes", 0)) + original
+        bands: int = len(inner.getbands())
+        return int(w) * int(h) * bands + original
+    nbytes: int = getattr(inner, "nbytes", 0)
+    return nbytes + original
 
 
 def _lookup(url: str) -> tuple[bytes, DecodedCache | None]:

@@ -30,11 +30,11 @@ class Renderer(Protocol):
 
     async def render_chat(
         self, body: dict[str, Any], media: Mapping[str, bytes], encode: Any, decoded: Any
-    ) -> GenerateRequest[bytes]: ...
+    ) -> GenerateRequest[bytes | None]: ...
 
     async def render_completion(
         self, body: dict[str, Any], prompt_media: Sequence[Any] | None, encode: Any
-    ) -> list[GenerateRequest[bytes]]: ...
+    ) -> list[GenerateRequest[bytes | None]]: ...
 
     def load_image(self, data: bytes, decoded: Any) -> Any: ...
 
@@ -69,14 +69,14 @@ class RenderService:
         # sends the same prompt many times, and rendering is deterministic for equal bytes.
         self.answers = new_answer_cache(settings.answer_cache_bytes, settings.answer_cache_ttl_s)
 
-    async def render_chat(self, raw: bytes, fmt: WireFormat) -> GenerateRequest[bytes]:
+    async def render_chat(self, raw: bytes, fmt: WireFormat) -> GenerateRequest[bytes | None]:
         with self._account("chat"):
             key = ("chat", blake3.blake3(raw).hexdigest())
             hit = self.answers.get(key)
             if hit is not None:
                 self.metrics.answer_cache_hits.inc()
                 return _fresh_id(hit[0], hit[1])
-            body = decode_document(raw, Any, fmt)  # type: ignore[arg-type]
+            body = decode_document(raw, Any, fmt)
             prepared = prepare_chat(body, self.limits)
             media = await self._load_all(prepared.media)
             result = await self.renderer.render_chat(
@@ -93,9 +93,11 @@ class RenderService:
             keeps_id = isinstance(body, dict) and "request_id" in body
             self.answers.put(key, (result, keeps_id))
 
-    async def render_completion(self, raw: bytes, fmt: WireFormat) -> list[GenerateRequest[bytes]]:
+    async def render_completion(
+        self, raw: bytes, fmt: WireFormat
+    ) -> list[GenerateRequest[bytes | None]]:
         with self._account("completion"):
-            body = decode_document(raw, Any, fmt)  # type: ignore[arg-type]
+            body = decode_document(raw, Any, fmt)
             prepared = prepare_completion(body, self.limits, self.renderer.vocab_size)
             prompt_media = None
             if prepared.images is not None:

@@ -94,7 +94,7 @@ class EngineRenderer:
             tokenizer=settings.tokenizer,
             revision=settings.revision,
             trust_remote_code=settings.trust_remote_code,
-            max_model_len=settings.max_model_len,
+            max_model_len=settings.max_model_len,  # type: ignore[arg-type]  # None: the model's
             served_model_name=names,
             limit_mm_per_prompt={
                 "image": settings.max_images_per_prompt,
@@ -149,7 +149,7 @@ class EngineRenderer:
         media: Mapping[str, bytes],
         encode: ItemEncoder,
         decoded: DecodedCache | None = None,
-    ) -> GenerateRequest[bytes]:
+    ) -> GenerateRequest[bytes | None]:
         request = _validate(ChatCompletionRequest, body)
         call = RenderCall(media=media, decoded=decoded)
         result = await _in_call(call, self.serving.render_chat_request(request))
@@ -160,7 +160,7 @@ class EngineRenderer:
         body: dict[str, Any],
         prompt_media: PromptMedia | None,
         encode: ItemEncoder,
-    ) -> list[GenerateRequest[bytes]]:
+    ) -> list[GenerateRequest[bytes | None]]:
         request = _validate(CompletionRequest, body)
         call = RenderCall(prompt_media=prompt_media)
         results = await _in_call(call, self.serving.render_completion_request(request))
@@ -171,7 +171,7 @@ class EngineRenderer:
 
     def _to_wire(
         self, req: UpstreamGenerateRequest, captured: Any, encode: ItemEncoder
-    ) -> GenerateRequest[bytes]:
+    ) -> GenerateRequest[bytes | None]:
         engine_input, mm_payload = captured
         features = features_from_engine_input(
             engine_input,
@@ -204,9 +204,11 @@ def _validate(model: Any, body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise BadRequest(f"{where}: {first.get('msg', 'invalid request')}"[:300]) from None
+        errors = exc.errors()
+        if not errors:
+            raise BadRequest("invalid request") from None
+        where = ".".join(str(p) for p in errors[0]["loc"])
+        raise BadRequest(f"{where}: {errors[0]['msg']}"[:300]) from None
 
 
 async def _in_call(call: RenderCall, upstream: Awaitable[Any]) -> Any:

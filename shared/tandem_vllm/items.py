@@ -86,8 +86,8 @@ def _field_to_vllm(layout: FieldLayout) -> BaseMultiModalField:
     if isinstance(layout, BatchedLayout):
         return MultiModalBatchedField(keep_on_cpu=layout.keep_on_cpu)
     if isinstance(layout, FlatLayout):
-        # Lists, as vLLM's own msgpack decoder builds them.
-        slices = [s if isinstance(s, slice) else list(s) for s in layout.slices]
+        # Lists, as vLLM's own msgpack decoder builds them: flat slices, or one list per item.
+        slices: list[Any] = [s if isinstance(s, slice) else list(s) for s in layout.slices]
         return MultiModalFlatField(slices=slices, dim=layout.dim, keep_on_cpu=layout.keep_on_cpu)
     return MultiModalSharedField(batch_size=layout.batch_size, keep_on_cpu=layout.keep_on_cpu)
 
@@ -97,8 +97,11 @@ def _field_from_vllm(field: BaseMultiModalField) -> FieldLayout:
         return BatchedLayout(keep_on_cpu=field.keep_on_cpu)
     if isinstance(field, MultiModalFlatField):
         slices: Sequence[Any] = field.slices
+        wire_slices: tuple[Any, ...] = tuple(
+            s if isinstance(s, slice) else tuple(s) for s in slices
+        )
         return FlatLayout(
-            slices=tuple(s if isinstance(s, slice) else tuple(s) for s in slices),
+            slices=wire_slices,
             dim=field.dim,
             keep_on_cpu=field.keep_on_cpu,
         )
@@ -112,7 +115,8 @@ def item_to_vllm(item: KwargsItem) -> MultiModalKwargsItem:
     return MultiModalKwargsItem(
         {
             key: MultiModalFieldElem(
-                data=_nested_to_torch(elem.data) if elem.data is not None else None,
+                # None: the engine holds the data (vLLM documents it; its annotation omits it).
+                data=_nested_to_torch(elem.data) if elem.data is not None else None,  # type: ignore[arg-type]
                 field=_field_to_vllm(elem.layout),
             )
             for key, elem in item.items()

@@ -15,7 +15,7 @@ __all__ = ["UpstreamGenerateRequest", "generate_request_to_wire"]
 
 def generate_request_to_wire(
     req: UpstreamGenerateRequest, features: MultiModalFeatures[bytes | None] | None
-) -> GenerateRequest[bytes]:
+) -> GenerateRequest[bytes | None]:
     """Our wire request for upstream's, every field carried over as upstream serializes it.
 
     ``features`` replaces upstream's (base64 inside JSON) with ours, built from the engine

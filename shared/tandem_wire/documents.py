@@ -184,7 +184,7 @@ def check_features(req: GenerateRequest[Any]) -> None:
 
 def decode_generate_request(
     body: ItemBytes, fmt: WireFormat, limits: DecodeLimits = DEFAULT_LIMITS
-) -> GenerateRequest[ItemBytes]:
+) -> GenerateRequest[ItemBytes | None]:
     """Decode and check one generate request; kwargs entries come back as item bytes.
 
     JSON entries are base64-decoded (strictly); msgpack entries are zero-copy views into
@@ -202,7 +202,7 @@ def decode_generate_request(
 
 def decode_generate_requests(
     body: ItemBytes, fmt: WireFormat, limits: DecodeLimits = DEFAULT_LIMITS
-) -> list[GenerateRequest[ItemBytes]]:
+) -> list[GenerateRequest[ItemBytes | None]]:
     """Decode a list of generate requests (the ``/v1/completions/render`` answer)."""
     if fmt is WireFormat.JSON:
         reqs = _run_decoder(_JSON_REQUESTS, body, limits)
