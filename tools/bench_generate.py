@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 import httpx
 import numpy as np
@@ -34,7 +36,14 @@ from tools.servers import (
 from tools.tiny_models import ensure_model
 
 MSGPACK = "application/vnd.msgpack"
-SAMPLING = {"temperature": 0.0, "max_tokens": 8}
+
+
+class Sampling(TypedDict):
+    temperature: float
+    max_tokens: int
+
+
+SAMPLING: Sampling = {"temperature": 0.0, "max_tokens": 8}
 TIMEOUT = httpx.Timeout(120.0)
 TARGET_CPU_VS_MONOLITHIC = 0.5
 # The reading of the same target against upstream's generate: 0.5 x 12.9 / 17.6 ms.
@@ -220,7 +229,7 @@ def main() -> int:
             if "single" in parts:
                 run(
                     f"(a) ours render -> generate, {name}",
-                    lambda b, binary=binary: pair_step(render.url, generate.url, b, binary),
+                    functools.partial(pair_step, render.url, generate.url, binary=binary),
                     api_pid(generate),
                 )
         rollout(bench_rollout.ours(model, render, generate, ids), images)

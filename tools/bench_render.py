@@ -171,15 +171,17 @@ class FloorMeter:
     def __init__(self, model_dir: Path) -> None:
         from vllm.config import ModelConfig
         from vllm.multimodal import MULTIMODAL_REGISTRY
+        from vllm.renderers.chat_utils import ChatCompletionMessageParam
 
         self.proc = MULTIMODAL_REGISTRY.create_processor(
             ModelConfig(model=str(model_dir), max_model_len=4096)
         )
         tok = self.proc.info.get_tokenizer()
-        messages = [
+        messages: list[ChatCompletionMessageParam] = [
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_TEXT}]}
         ]
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert isinstance(text, str)  # tokenize=False
         self.ids = tok.encode(text, add_special_tokens=False)
         self.next_seed = FLOOR_SEED
 
@@ -206,7 +208,7 @@ def time_one_image(proc: Any, ids: list[int], data: bytes) -> tuple[float, float
     from vllm.multimodal.processing import ProcessorInputs, TimingContext
 
     w0, c0 = time.perf_counter(), time.process_time()
-    img = Image.open(io.BytesIO(data))
+    img: Image.Image = Image.open(io.BytesIO(data))
     img.load()
     img = img.convert("RGB")
     w1, c1 = time.perf_counter(), time.process_time()
@@ -569,7 +571,7 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
 
     by = {r.config.label: r.phases for r in results}
 
-    def phase(label: str, key: str) -> Phase | None:
+    def phase_of(label: str, key: str) -> Phase | None:
         return by.get(label, {}).get(key)
 
     def skew(*phases: Phase) -> str:
@@ -581,7 +583,7 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
         )
 
     print("\nTargets (from the issue)")
-    up, ours, binary = phase("upstream", "c8"), phase(PRIMARY, "c8"), phase(BINARY, "c8")
+    up, ours, binary = phase_of("upstream", "c8"), phase_of(PRIMARY, "c8"), phase_of(BINARY, "c8")
     if up and ours and up.throughput:
         ratio = ours.throughput / up.throughput
         print(
@@ -606,7 +608,7 @@ def print_report(results: list[ConfigResult], floor: Floor, header: list[str]) -
             f"  server CPU / floor, upstream, c=8: {up.cpu_over_floor:.2f}x (reference){skew(up)}"
         )
     for label, target in ((PRIMARY, True), ("upstream", False)):
-        first, same = phase(label, "c8"), phase(label, "repeat")
+        first, same = phase_of(label, "c8"), phase_of(label, "repeat")
         if first and same and same.cpu_ms:
             saving = first.cpu_ms / same.cpu_ms
             verdict = (

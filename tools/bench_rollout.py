@@ -105,7 +105,9 @@ def prompt_ids(model: str) -> tuple[list[int], int]:
 
     tok = AutoTokenizer.from_pretrained(model)
     ids = list(tok.encode(PROMPT_TEXT, add_special_tokens=False))
-    return ids, int(tok.convert_tokens_to_ids("<|image_pad|>"))
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert isinstance(pad, int)  # one token in, one id out
+    return ids, pad
 
 
 async def _measure(
@@ -157,7 +159,9 @@ def _b64_png(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
-def _repoint(ids: list[int], pad: int, features: dict[str, Any]) -> tuple[list[int], dict]:
+def _repoint(
+    ids: list[int], pad: int, features: dict[str, Any]
+) -> tuple[list[int], dict[str, Any]]:
     """Expand each image pad token of ``ids`` to its item's length and move the placeholders
     there (what TRL's trainer does with the features of an images-only render)."""
     ranges = features["mm_placeholders"]["image"]

@@ -15,8 +15,13 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.multimodal.inputs import MultiModalKwargsItem
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,11 +33,12 @@ class Case:
     decode: Callable[[object], object]
 
 
-def processor_items(model: str) -> dict[str, object]:
+def processor_items(model: str) -> dict[str, MultiModalKwargsItem]:
     from PIL import Image
     from vllm.config import ModelConfig
     from vllm.multimodal import MULTIMODAL_REGISTRY
     from vllm.multimodal.processing import ProcessorInputs, TimingContext
+    from vllm.renderers.chat_utils import ChatCompletionMessageParam
 
     from tools.tiny_models import ensure_model
 
@@ -40,23 +46,26 @@ def processor_items(model: str) -> dict[str, object]:
     proc = MULTIMODAL_REGISTRY.create_processor(ModelConfig(model=str(path), max_model_len=4096))
     tok = proc.info.get_tokenizer()
     rng = np.random.default_rng(0)
-    items = {}
+    items: dict[str, MultiModalKwargsItem] = {}
     for w, h in ((448, 448), (1024, 768)):
         image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-        messages = [
+        messages: list[ChatCompletionMessageParam] = [
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}
         ]
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert isinstance(text, str)  # tokenize=False
         ids = tok.encode(text, add_special_tokens=False)
         out = proc.apply(
             ProcessorInputs(ids, proc.info.parse_mm_data({"image": [image]})),
             TimingContext(enabled=False),
         )
-        items[f"{w}x{h}"] = out["mm_kwargs"]["image"][0]
+        item = out["mm_kwargs"]["image"][0]
+        assert item is not None  # the processor ran, so the item is present
+        items[f"{w}x{h}"] = item
     return items
 
 
-def cases(item: object) -> list[Case]:
+def cases(item: MultiModalKwargsItem) -> list[Case]:
     import pybase64
     from vllm.entrypoints.scale_out.token_in_token_out import mm_serde
     from vllm.multimodal.inputs import MultiModalKwargsItem
@@ -91,7 +100,7 @@ def cases(item: object) -> list[Case]:
 
         def dec(body: object) -> object:
             req = decode_generate_request(body, fmt)  # type: ignore[arg-type]
-            return item_to_vllm(decode_item(req.features.kwargs_data["image"][0]))  # type: ignore[union-attr,index,arg-type]
+            return item_to_vllm(decode_item(req.features.kwargs_data["image"][0]))  # type: ignore[union-attr,index]
 
         return Case(f"ours {fmt.name.lower()} document", enc, dec)
 
@@ -141,7 +150,8 @@ def cases(item: object) -> list[Case]:
         ),
         Case(
             "vLLM serde, raw msgpack (no base64)",
-            lambda: bytes(raw_enc.encode(item)[0]),
+            # zmq.Frame (one member of the result union) has the buffer protocol; its stub lacks it.
+            lambda: bytes(raw_enc.encode(item)[0]),  # type: ignore[arg-type]
             lambda b: raw_dec.decode(b),  # type: ignore[arg-type]
         ),
         Case(
@@ -164,8 +174,14 @@ ITEM_BASELINE = "vLLM serde (base64 msgpack)"
 DOC_BASELINE = "vLLM json document (pydantic)"
 
 
-def _tensors(item: object) -> list:  # type: ignore[type-arg]
-    return [elem.data for elem in item.values()]  # type: ignore[attr-defined]
+def _tensors(item: MultiModalKwargsItem) -> list[torch.Tensor]:
+    import torch
+
+    out = []
+    for elem in item.values():
+        assert isinstance(elem.data, torch.Tensor), type(elem.data)
+        out.append(elem.data)
+    return out
 
 
 def measure(all_cases: list[Case], reps: int) -> list[tuple[float, float, object]]:
@@ -210,8 +226,7 @@ def main() -> int:
     for label, item in items.items():
         payload = sum(t.nbytes for t in _tensors(item))
         shapes = ", ".join(
-            f"{k} {tuple(v.data.shape)} {v.data.dtype}"
-            for k, v in item.items()  # type: ignore[attr-defined]
+            f"{k} {tuple(t.shape)} {t.dtype}" for k, t in zip(item, _tensors(item), strict=True)
         )
         all_cases = cases(item)
         gc.collect()

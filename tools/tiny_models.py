@@ -14,7 +14,10 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_ENV = "TANDEM_MODEL_CACHE"
@@ -322,14 +325,21 @@ def _processor_files(out: Path, name: str) -> None:
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
 
 
-def _model_config(name: str, ids: dict[str, int]) -> Any:
-    special = {
+class _SpecialTokenIds(TypedDict):
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+
+
+def _model_config(name: str, ids: dict[str, int]) -> PreTrainedConfig:
+    special: _SpecialTokenIds = {
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
         "vision_end_token_id": ids["<|vision_end|>"],
     }
-    text = {
+    text: dict[str, object] = {
         "vocab_size": VOCAB_SIZE,
         "hidden_size": HIDDEN,
         "intermediate_size": INTERMEDIATE,
@@ -353,7 +363,7 @@ def _model_config(name: str, ids: dict[str, int]) -> Any:
     if name == "qwen2-vl":
         from transformers import Qwen2VLConfig
 
-        vision = {
+        vision: dict[str, object] = {
             "depth": 1,
             "embed_dim": VISION_WIDTH,
             "hidden_size": HIDDEN,
@@ -425,20 +435,23 @@ def build_model(name: str, out_dir: Path) -> None:
     # A private RNG stream: same weights every build, caller's torch RNG left untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = AutoModelForImageTextToText.from_config(config, dtype=getattr(torch, DTYPE))
-    model.generation_config = GenerationConfig(
+        # transformers' factory and GenerationConfig have unannotated signatures.
+        model = AutoModelForImageTextToText.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=getattr(torch, DTYPE)
+        )
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
     )
     # The shard-writing progress bar is noise in test logs and CLI output.
     bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated upstream
     try:
         model.save_pretrained(out_dir)
     finally:
         if bars:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated upstream
 
 
 def cache_root() -> Path:

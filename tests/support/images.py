@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -25,9 +27,13 @@ def data_url(data: bytes, media_type: str = "image/png") -> str:
     return f"data:{media_type};base64," + base64.b64encode(data).decode("ascii")
 
 
-def chat_body(model: str, images: list[str | bytes], text: str = "Describe.", **extra):
-    """An OpenAI chat request with the images (URLs, or raw bytes as image_bytes parts)."""
-    parts = []
+def chat_body(
+    model: str, images: Sequence[str | bytes], text: str = "Describe.", **extra: object
+) -> dict[str, Any]:
+    """An OpenAI chat request with the images (URLs, or raw bytes as image_bytes parts).
+
+    A JSON document, typed loosely so that callers can reach into it."""
+    parts: list[dict[str, object]] = []
     for img in images:
         if isinstance(img, bytes):
             parts.append({"type": "image_bytes", "image_bytes": img})
@@ -47,7 +53,7 @@ def mp4_bytes(frames: int = 8, size: int = 112, fps: int = 4, seed: int = 0) -> 
     fd, path = tempfile.mkstemp(suffix=".mp4")
     os.close(fd)
     try:
-        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, (size, size))
+        writer = cv2.VideoWriter(path, cv2.VideoWriter.fourcc(*"mp4v"), fps, (size, size))
         rng = np.random.default_rng(seed)
         for _ in range(frames):
             writer.write(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
