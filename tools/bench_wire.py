@@ -100,7 +100,11 @@ def cases(item: MultiModalKwargsItem) -> list[Case]:
 
         def dec(body: object) -> object:
             req = decode_generate_request(body, fmt)  # type: ignore[arg-type]
-            return item_to_vllm(decode_item(req.features.kwargs_data["image"][0]))  # type: ignore[union-attr,index]
+            feats = req.features
+            entry = feats.kwargs_data["image"][0] if feats and feats.kwargs_data else None
+            if entry is None:
+                raise ValueError("the benchmark document lost its item")
+            return item_to_vllm(decode_item(entry))
 
         return Case(f"ours {fmt.name.lower()} document", enc, dec)
 
