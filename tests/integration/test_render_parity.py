@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import msgspec
-import numpy as np
 import pytest
 
 from tandem_wire import WireFormat, decode_generate_request, decode_item_b64
@@ -19,6 +18,7 @@ from tools.servers import tandem_render, upstream_render
 from tools.tiny_models import ensure_model
 
 from ..support.images import chat_body, data_url, mp4_bytes, png_bytes
+from ..support.items import assert_nested_equal
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -57,21 +57,7 @@ def assert_items_equal(ours: str | None, theirs: str | None) -> None:
     assert sorted(a) == sorted(b)  # key order is not meaningful (vLLM's own cache changes it)
     for key in a:
         assert a[key].layout == b[key].layout, key
-        assert_same_data(a[key].data, b[key].data)
-
-
-def assert_same_data(a: Any, b: Any) -> None:
-    """Arrays: dtype, shape and bytes; nested lists element by element; scalars by value."""
-    if isinstance(b, np.ndarray):
-        assert isinstance(a, np.ndarray)
-        assert (a.dtype, a.shape) == (b.dtype, b.shape)
-        assert a.tobytes() == b.tobytes()
-    elif isinstance(b, list):
-        assert isinstance(a, list) and len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            assert_same_data(x, y)
-    else:
-        assert a == b
+        assert_nested_equal(a[key].data, b[key].data)
 
 
 RANDOM_ID_PART = re.compile(r"-[0-9a-f]{16}(?=-\d+$|$)")
