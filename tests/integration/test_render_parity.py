@@ -205,6 +205,18 @@ def test_completion_render_matches_upstream(servers, prompt):
         assert (a["token_offsets"] is not None) == isinstance(prompt[0], str)
 
 
+def test_completion_default_max_tokens_is_written(servers):
+    # A completion's default max_tokens (16) equals SamplingParams' default: upstream leaves it
+    # out of the document, ours writes it.
+    model, upstream, ours = servers
+    body = {"model": model, "prompt": "the quick brown fox"}
+    path = "/v1/completions/render"
+    (theirs,), (mine,) = post_json(upstream, path, body), post_json(ours, path, body)
+    assert "max_tokens" not in theirs["sampling_params"]
+    assert_same_request(mine, theirs, model)
+    assert mine["sampling_params"]["max_tokens"] == 16
+
+
 def test_our_binary_answer_carries_the_same_items(servers):
     model, _, ours = servers
     body = chat_body(model, [data_url(png_bytes(seed=24))])
