@@ -21,14 +21,13 @@ GENERATE_PORT ?= 8200
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit test-slow lint format bench-wire bench-render bench-generate run-render run-generate run demo clean
+.PHONY: help setup models test test-unit lint format bench-wire bench-render bench-generate run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + generate on 127.0.0.1 (tiny model unless MODEL=...), run the example, serve until Ctrl-C"
 	@echo "make demo        the same, but stop after the example"
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
 	@echo "make test        set up if needed, lint, then run the test suite"
-	@echo "make test-slow   the long suites (marked slow)"
 	@echo "make lint        ruff + mypy"
 	@echo "make models      build the tiny test models into .cache/models"
 	@echo "make bench-wire  wire codec throughput: ours (JSON, binary) vs vLLM's serde vs memcpy"
@@ -55,13 +54,10 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 test: lint
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
-	$(PY) -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
-
-test-slow: setup
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 bench-wire: setup
 	$(PY) -m tools.bench_wire

@@ -22,16 +22,44 @@ ENGINE_DIED_EXIT_CODE = os.EX_SOFTWARE
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
     parser = FlexibleArgumentParser(prog="python -m tandem_generate", description=__doc__)
-    ours = parser.add_argument_group("tandem generate")
-    ours.add_argument("--host", default="127.0.0.1")
-    ours.add_argument("--port", type=int, default=8200)
-    ours.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"))
-    ours.add_argument("--max-body-bytes", type=int, default=GenerateSettings.max_body_bytes)
-    ours.add_argument(
-        "--max-items-per-prompt", type=int, default=GenerateSettings.max_items_per_prompt
+    ours = parser.add_argument_group(
+        "tandem generate",
+        "Tandem's HTTP side (list them with --help='tandem generate'); every other option "
+        "is vLLM's engine option.",
     )
-    ours.add_argument("--max-pending", type=int, default=GenerateSettings.max_pending)
-    ours.add_argument("--item-cache-bytes", type=int, default=GenerateSettings.item_cache_bytes)
+    ours.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    ours.add_argument("--port", type=int, default=8200, help="port to listen on")
+    ours.add_argument(
+        "--api-key",
+        default=os.environ.get("TANDEM_API_KEY"),
+        help="require `Authorization: Bearer KEY` on every route but /health; "
+        "$TANDEM_API_KEY sets the default",
+    )
+    ours.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=GenerateSettings.max_body_bytes,
+        help="largest request body, in bytes",
+    )
+    ours.add_argument(
+        "--max-items-per-prompt",
+        type=int,
+        default=GenerateSettings.max_items_per_prompt,
+        help="most multimodal items in one request",
+    )
+    ours.add_argument(
+        "--max-pending",
+        type=int,
+        default=GenerateSettings.max_pending,
+        help="requests admitted (decoding, queued or running) before answering 429",
+    )
+    ours.add_argument(
+        "--item-cache-bytes",
+        type=int,
+        default=GenerateSettings.item_cache_bytes,
+        help="bytes of decoded items kept, per tenant and mm_hash, for requests that send "
+        "null kwargs_data entries",
+    )
     ours.add_argument(
         "--pretouch-item-cache",
         action=argparse.BooleanOptionalAction,

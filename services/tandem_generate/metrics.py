@@ -1,10 +1,12 @@
-"""Prometheus metrics of the generate service."""
+"""Prometheus metrics of the generate service, and the engine's own (vLLM's) beside them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import Metric
 
 __all__ = ["GenerateMetrics"]
 
@@ -20,6 +22,7 @@ class GenerateMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> GenerateMetrics:
+        registry.register(_EngineMetrics())
         return cls(
             requests=Counter(
                 "tandem_generate_requests",
@@ -53,3 +56,17 @@ class GenerateMetrics:
                 registry=registry,
             ),
         )
+
+
+class _EngineMetrics:
+    """vLLM's engine metrics (``vllm:*``: requests running and waiting, KV cache usage, token
+    counts, latencies), as the engine reports them. vLLM's stat logger registers them in
+    prometheus_client's default registry; this collector shows them on the app's /metrics."""
+
+    def describe(self) -> Iterable[Metric]:
+        # Nothing to check for clashes at registration: the names are vLLM's, not ours, and the
+        # engine (which creates them) starts after the app is built.
+        return ()
+
+    def collect(self) -> Iterable[Metric]:
+        return [m for m in REGISTRY.collect() if m.name.startswith("vllm:")]

@@ -14,20 +14,46 @@ from .settings import SETTINGS_ENV, RenderSettings
 def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     p = argparse.ArgumentParser(prog="python -m tandem_render", description=__doc__)
     env = os.environ.get
-    p.add_argument("--model", default=env("TANDEM_MODEL"), required=env("TANDEM_MODEL") is None)
-    p.add_argument("--served-model-name", nargs="*", default=[])
-    p.add_argument("--tokenizer")
-    p.add_argument("--revision")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--chat-template")
-    p.add_argument("--host", default=env("TANDEM_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(env("TANDEM_RENDER_PORT", "8100")))
+    p.add_argument(
+        "--model",
+        default=env("TANDEM_MODEL"),
+        required=env("TANDEM_MODEL") is None,
+        help="model folder or hub name: tokenizer, chat template and processor configs, no "
+        "weights (default: $TANDEM_MODEL)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        nargs="*",
+        default=[],
+        help="names clients may use in `model` (default: --model)",
+    )
+    p.add_argument("--tokenizer", help="tokenizer folder or name, if not the model's")
+    p.add_argument("--revision", help="model revision, for hub names")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run model-provided processor code (only for models you trust)",
+    )
+    p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    p.add_argument(
+        "--chat-template", help="a chat template file or string to use instead of the model's"
+    )
+    p.add_argument(
+        "--host",
+        default=env("TANDEM_HOST", "127.0.0.1"),
+        help="address to listen on (default: $TANDEM_HOST, else 127.0.0.1)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(env("TANDEM_RENDER_PORT", "8100")),
+        help="port to listen on (default: $TANDEM_RENDER_PORT, else 8100)",
+    )
     p.add_argument(
         "--workers",
         type=int,
         default=int(env("TANDEM_RENDER_WORKERS", "0")) or None,
-        help="worker processes (default: the number of cores)",
+        help="worker processes (default: $TANDEM_RENDER_WORKERS, else the number of cores)",
     )
     p.add_argument(
         "--inline-processing",
@@ -35,31 +61,116 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         default=None,
         help="render on each worker's loop thread instead of thread pools (default: on)",
     )
-    p.add_argument("--api-key", default=env("TANDEM_API_KEY"))
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--max-body-bytes", type=int)
-    p.add_argument("--max-images-per-prompt", type=int)
-    p.add_argument("--max-videos-per-prompt", type=int)
-    p.add_argument("--max-pending", type=int)
-    p.add_argument("--item-cache-bytes", type=int)
-    p.add_argument("--decoded-cache-bytes", type=int)
-    p.add_argument("--answer-cache-bytes", type=int)
-    p.add_argument("--answer-cache-ttl-s", type=float)
-    p.add_argument("--mm-processor-cache-gb", type=float)
+    p.add_argument(
+        "--api-key",
+        default=env("TANDEM_API_KEY"),
+        help="require `Authorization: Bearer KEY` on every route but /health "
+        "(default: $TANDEM_API_KEY, else no key)",
+    )
+    p.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help=f"largest request body, in bytes (default: {RenderSettings.max_body_bytes})",
+    )
+    p.add_argument(
+        "--max-images-per-prompt",
+        type=int,
+        help=f"most images in one prompt (default: {RenderSettings.max_images_per_prompt})",
+    )
+    p.add_argument(
+        "--max-videos-per-prompt",
+        type=int,
+        help=f"most videos in one prompt (default: {RenderSettings.max_videos_per_prompt})",
+    )
+    p.add_argument(
+        "--max-pending",
+        type=int,
+        help="requests a worker holds at once before answering 429 "
+        f"(default: {RenderSettings.max_pending})",
+    )
+    p.add_argument(
+        "--item-cache-bytes",
+        type=int,
+        help="bytes of encoded items kept per worker, by mm_hash "
+        f"(default: {RenderSettings.item_cache_bytes})",
+    )
+    p.add_argument(
+        "--decoded-cache-bytes",
+        type=int,
+        help="bytes of decoded media kept per worker, by a hash of the encoded bytes "
+        f"(default: {RenderSettings.decoded_cache_bytes})",
+    )
+    p.add_argument(
+        "--answer-cache-bytes",
+        type=int,
+        help="bytes of whole answers kept per worker, by the exact request bytes, for requests "
+        f"whose media are inline (default: {RenderSettings.answer_cache_bytes})",
+    )
+    p.add_argument(
+        "--answer-cache-ttl-s",
+        type=float,
+        help="seconds a cached answer is served; 0 disables the answer cache "
+        f"(default: {RenderSettings.answer_cache_ttl_s})",
+    )
+    p.add_argument(
+        "--mm-processor-cache-gb",
+        type=float,
+        help="GiB of vLLM's processor cache per worker (a repeated image skips the HF "
+        f"processor); 0 disables it (default: {RenderSettings.mm_processor_cache_gb})",
+    )
     p.add_argument(
         "--pretouch-cache-memory",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="keep freed memory and fault in the cache budgets at start-up (default: on)",
     )
-    p.add_argument("--mm-processor-kwargs-allowlist", nargs="*")
-    p.add_argument("--allowed-media-domains", nargs="*")
-    p.add_argument("--allow-private-networks", action="store_true", default=None)
-    p.add_argument("--allowed-private-hosts", nargs="*")
-    p.add_argument("--allowed-local-media-path")
-    p.add_argument("--media-fetch-timeout-s", type=float)
-    p.add_argument("--max-media-bytes", type=int)
-    p.add_argument("--max-image-pixels", type=int)
+    p.add_argument(
+        "--mm-processor-kwargs-allowlist",
+        nargs="*",
+        help="keys a request may set in `mm_processor_kwargs` (default: "
+        f"{' '.join(RenderSettings.mm_processor_kwargs_allowlist)})",
+    )
+    p.add_argument(
+        "--allowed-media-domains",
+        nargs="*",
+        help="fetch http(s) media only from these domains and their subdomains "
+        "(default: any domain)",
+    )
+    p.add_argument(
+        "--allow-private-networks",
+        action="store_true",
+        default=None,
+        help="let media URLs reach private, loopback and link-local addresses "
+        "(development only; default: refused)",
+    )
+    p.add_argument(
+        "--allowed-private-hosts",
+        nargs="*",
+        help="hosts or IPs exempt from the private-address block, e.g. an internal media store",
+    )
+    p.add_argument(
+        "--allowed-local-media-path",
+        help="folder file:// media may be read from (default: file:// is refused)",
+    )
+    p.add_argument(
+        "--media-fetch-timeout-s",
+        type=float,
+        help="timeout of one remote media fetch, in seconds "
+        f"(default: {RenderSettings.media_fetch_timeout_s})",
+    )
+    p.add_argument(
+        "--max-media-bytes",
+        type=int,
+        help="largest encoded image or video, in bytes "
+        f"(default: {RenderSettings.max_media_bytes})",
+    )
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        help="largest declared image (width x height), checked before decoding "
+        f"(default: {RenderSettings.max_image_pixels})",
+    )
     args = vars(p.parse_args(argv))
     args["served_model_name"] = tuple(args["served_model_name"] or ())
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items() if v is not None}

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tandem_wire import WireFormat, decode_generate_request, encode_generate_request
 
@@ -90,39 +91,62 @@ def test_binary_body_end_to_end(fleet):
     )
 
 
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+def engine_metric(urls: dict, sample: str) -> float:
+    """A sample of vLLM's own engine metrics on our generate server's /metrics (summed over
+    labels): the engine's count, not one the service or this test keeps."""
+    text = httpx.get(f"{urls['generate']}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == sample
+    )
+
+
+def engine_busy(urls: dict) -> float:
+    return engine_metric(urls, "vllm:num_requests_running") + engine_metric(
+        urls, "vllm:num_requests_waiting"
+    )
+
+
+def wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def test_client_disconnect_aborts_the_engine_request(fleet):
     model, urls = fleet
+    max_tokens = 3900  # the request would run far longer than the bounds below
     body = chat_body(
         model,
         [data_url(png_bytes(seed=37))],
         temperature=0.0,
-        max_tokens=3000,
+        max_tokens=max_tokens,
         ignore_eos=True,
         stream=True,
     )
     req = json.loads(rendered(urls, "render", body))
     req["sampling_params"]["ignore_eos"] = True
+    assert wait_for(lambda: engine_busy(urls) == 0, 30)  # earlier tests' requests are done
+    tokens_before = engine_metric(urls, "vllm:generation_tokens_total")
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{urls['generate']}/inference/v1/generate", json=req) as r:
             assert r.status_code == 200
-            for line in r.iter_lines():
+            lines = r.iter_lines()  # held open: closing this iterator would hang up
+            for line in lines:
                 if line.startswith("data: {"):
-                    break  # one chunk, then hang up
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = httpx.get(f"{urls['generate']}/metrics", timeout=10).text
-        if _metric(text, 'tandem_generate_requests_total{outcome="aborted"}') >= 1:
-            break
-        time.sleep(0.5)
-    assert _metric(text, 'tandem_generate_requests_total{outcome="aborted"}') >= 1
-    assert _metric(text, "tandem_generate_pending") == 0
+                    break  # one chunk...
+            # ...and while still connected, the engine reports the request running...
+            assert wait_for(lambda: engine_metric(urls, "vllm:num_requests_running") == 1, 30)
+    # ...then hang up: within the bound the engine has nothing running or waiting,
+    assert wait_for(lambda: engine_busy(urls) == 0, 30), "the engine still runs the request"
+    # and it stopped early rather than finishing the request.
+    produced = engine_metric(urls, "vllm:generation_tokens_total") - tokens_before
+    assert 0 < produced < max_tokens
     # The engine is free again: a short request completes at once.
     short = chat_body(model, [data_url(png_bytes(seed=38))], **GREEDY)
     assert len(generated(urls, "generate", rendered(urls, "render", short))) == 10

@@ -1,15 +1,24 @@
-"""Parity: our render JSON equals upstream `vllm launch render`'s for the same request."""
+"""Parity: our render JSON equals upstream `vllm launch render`'s for the same request, field for
+field; where we differ on purpose (is_embed, max_tokens always written, random ids) the test
+asserts the exact difference."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+from typing import Any
+
 import httpx
+import msgspec
 import pytest
 
-from tandem_wire import WireFormat, decode_generate_request, decode_generate_requests, decode_item
+from tandem_wire import WireFormat, decode_generate_request, decode_item_b64
 from tools.servers import tandem_render, upstream_render
 from tools.tiny_models import ensure_model
 
-from ..support.images import chat_body, data_url, png_bytes
+from ..support.images import chat_body, data_url, mp4_bytes, png_bytes
+from ..support.items import assert_nested_equal
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -35,44 +44,103 @@ def post(url: str, path: str, body: dict) -> bytes:
     return r.content
 
 
-def assert_items_equal(a: bytes | None, b: bytes | None) -> None:
-    assert (a is None) == (b is None)
-    if a is None:
-        return
-    x, y = decode_item(a), decode_item(b)
-    assert sorted(x) == sorted(y)  # key order is not meaningful (vLLM's own cache changes it)
-    for key in x:
-        assert x[key].layout == y[key].layout, key
-        assert x[key].data.dtype == y[key].data.dtype and x[key].data.shape == y[key].data.shape
-        assert x[key].data.tobytes() == y[key].data.tobytes(), key
+def post_json(url: str, path: str, body: dict) -> Any:
+    return json.loads(post(url, path, body))
 
 
-def assert_same_request(ours, theirs) -> None:
-    assert ours.token_ids == theirs.token_ids
-    assert ours.sampling_params == theirs.sampling_params
-    assert ours.model == theirs.model
-    if theirs.features is None:
-        assert ours.features is None
+def assert_items_equal(ours: str | None, theirs: str | None) -> None:
+    """Two base64 kwargs items hold the same tensors and layouts."""
+    assert (ours is None) == (theirs is None)
+    if ours is None or theirs is None:
         return
-    of, tf = ours.features, theirs.features
-    assert of.mm_hashes == tf.mm_hashes
-    assert {m: [(p.offset, p.length) for p in v] for m, v in of.mm_placeholders.items()} == {
-        m: [(p.offset, p.length) for p in v] for m, v in tf.mm_placeholders.items()
-    }
+    a, b = decode_item_b64(ours), decode_item_b64(theirs)
+    assert sorted(a) == sorted(b)  # key order is not meaningful (vLLM's own cache changes it)
+    for key in a:
+        assert a[key].layout == b[key].layout, key
+        assert_nested_equal(a[key].data, b[key].data)
+
+
+RANDOM_ID_PART = re.compile(r"-[0-9a-f]{16}(?=-\d+$|$)")
+
+
+def assert_same_request(ours: dict, theirs: dict, model: str) -> None:
+    """Every field of our render answer (JSON, as sent) equals upstream's, except where we
+    differ on purpose; there the difference is asserted exactly."""
+    assert sorted(ours) == sorted(theirs)
+    for key, upstream in theirs.items():
+        mine = ours[key]
+        if key == "request_id":
+            # Random unless the caller chose it: same shape (prefix, 16 hex, prompt index).
+            assert RANDOM_ID_PART.sub("-R", mine) == RANDOM_ID_PART.sub("-R", upstream)
+        elif key == "sampling_params":
+            assert_same_sampling(mine, upstream)
+        elif key == "features" and upstream is not None:
+            assert_same_features(mine, upstream, ours["token_ids"], model)
+        else:
+            assert mine == upstream, key
+
+
+def assert_same_sampling(ours: dict, theirs: dict) -> None:
+    # Upstream's fields are all ours. Upstream leaves max_tokens out when it equals
+    # SamplingParams' default; ours writes it, so generate never reads "no limit" there.
+    from vllm.sampling_params import SamplingParams
+
+    assert {k: v for k, v in ours.items() if k in theirs} == theirs
+    assert set(ours) - set(theirs) <= {"max_tokens"}
+    assert ours["max_tokens"] == theirs.get("max_tokens", SamplingParams().max_tokens)
+
+
+def assert_same_features(ours: dict, theirs: dict, token_ids: list[int], model: str) -> None:
+    assert sorted(ours) == sorted(theirs)
+    assert ours["mm_hashes"] == theirs["mm_hashes"]
+    config = json.loads((Path(model) / "config.json").read_text())
+    embedding_token = {"image": config["image_token_id"], "video": config["video_token_id"]}
+    assert sorted(ours["mm_placeholders"]) == sorted(theirs["mm_placeholders"])
+    for modality, ranges in theirs["mm_placeholders"].items():
+        for mine, upstream in zip(ours["mm_placeholders"][modality], ranges, strict=True):
+            # Upstream drops is_embed; ours carries it wherever a run holds tokens that take no
+            # embedding (Qwen3-VL video timestamps), and leaves it out when all of them do.
+            assert sorted(upstream) == ["length", "offset"]
+            run = token_ids[upstream["offset"] : upstream["offset"] + upstream["length"]]
+            mask = [t == embedding_token[modality] for t in run]
+            assert mine == (upstream if all(mask) else {**upstream, "is_embed": mask})
     for name in ("kwargs_data", "mm_metadata"):
-        mine, upstream = getattr(of, name), getattr(tf, name)
+        mine, upstream = ours[name], theirs[name]
         assert (mine is None) == (upstream is None), name
+        assert sorted(mine or {}) == sorted(upstream or {}), name
         for modality in upstream or {}:
             for a, b in zip(mine[modality], upstream[modality], strict=True):
                 assert_items_equal(a, b)
 
 
+SALT = "parity-salt-" + "x" * 20
+
 CHAT_CASES = {
-    "one image": lambda m: chat_body(m, [data_url(png_bytes(seed=21))], max_tokens=9),
-    "three images": lambda m: chat_body(
-        m, [data_url(png_bytes(224, 160, seed=s)) for s in (22, 23, 22)], temperature=0.5
+    "one image, caller's id, salt, priority": lambda m: chat_body(
+        m,
+        [data_url(png_bytes(seed=21))],
+        max_tokens=9,
+        request_id="parity-1",
+        cache_salt=SALT,
+        priority=3,
+        return_token_ids=True,
     ),
-    "text only": lambda m: {"model": m, "messages": [{"role": "user", "content": "hello"}]},
+    "three images, transfer params": lambda m: chat_body(
+        m,
+        [data_url(png_bytes(224, 160, seed=s)) for s in (22, 23, 22)],
+        temperature=0.5,
+        kv_transfer_params={"do_remote_decode": True},
+        ec_transfer_params={"do_remote_encode": True},
+    ),
+    "text only, offsets, stream": lambda m: {
+        "model": m,
+        "messages": [{"role": "user", "content": "hello"}],
+        "return_token_offsets": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_salt": SALT,
+        "priority": -2,
+    },
     "system and chat_template_kwargs": lambda m: {
         "model": m,
         "messages": [
@@ -84,6 +152,18 @@ CHAT_CASES = {
         "seed": 3,
         "n": 2,
     },
+    "video": lambda m: {
+        "model": m,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "video_url", "video_url": {"url": data_url(mp4_bytes(), "video/mp4")}},
+                    {"type": "text", "text": "what?"},
+                ],
+            }
+        ],
+    },
 }
 
 
@@ -92,9 +172,22 @@ def test_chat_render_matches_upstream(servers, case):
     model, upstream, ours = servers
     body = CHAT_CASES[case](model)
     path = "/v1/chat/completions/render"
-    theirs = decode_generate_request(post(upstream, path, body), WireFormat.JSON)
-    mine = decode_generate_request(post(ours, path, body), WireFormat.JSON)
-    assert_same_request(mine, theirs)
+    mine = post_json(ours, path, body)
+    assert_same_request(mine, post_json(upstream, path, body), model)
+    # What the caller set reached our answer (the comparison above is not of defaults alone).
+    assert mine["cache_salt"] == body.get("cache_salt")
+    assert mine["priority"] == body.get("priority", 0)
+    assert (mine["token_offsets"] is not None) == bool(body.get("return_token_offsets"))
+
+
+COMPLETION_BODY = {
+    "max_tokens": 4,
+    "logprobs": 2,
+    "cache_salt": SALT,
+    "priority": 1,
+    "return_token_offsets": True,
+    "return_token_ids": True,
+}
 
 
 @pytest.mark.parametrize(
@@ -102,23 +195,38 @@ def test_chat_render_matches_upstream(servers, case):
 )
 def test_completion_render_matches_upstream(servers, prompt):
     model, upstream, ours = servers
-    body = {"model": model, "prompt": prompt, "max_tokens": 4, "logprobs": 2}
+    body = {"model": model, "prompt": prompt, **COMPLETION_BODY}
     path = "/v1/completions/render"
-    theirs = decode_generate_requests(post(upstream, path, body), WireFormat.JSON)
-    mine = decode_generate_requests(post(ours, path, body), WireFormat.JSON)
+    theirs, mine = post_json(upstream, path, body), post_json(ours, path, body)
     assert len(mine) == len(theirs)
     for a, b in zip(mine, theirs, strict=True):
-        assert_same_request(a, b)
+        assert_same_request(a, b, model)
+        assert (a["cache_salt"], a["priority"]) == (SALT, 1)
+        assert (a["token_offsets"] is not None) == isinstance(prompt[0], str)
+
+
+def test_completion_default_max_tokens_is_written(servers):
+    # A completion's default max_tokens (16) equals SamplingParams' default: upstream leaves it
+    # out of the document, ours writes it.
+    model, upstream, ours = servers
+    body = {"model": model, "prompt": "the quick brown fox"}
+    path = "/v1/completions/render"
+    (theirs,), (mine,) = post_json(upstream, path, body), post_json(ours, path, body)
+    assert "max_tokens" not in theirs["sampling_params"]
+    assert_same_request(mine, theirs, model)
+    assert mine["sampling_params"]["max_tokens"] == 16
 
 
 def test_our_binary_answer_carries_the_same_items(servers):
     model, _, ours = servers
     body = chat_body(model, [data_url(png_bytes(seed=24))])
     path = "/v1/chat/completions/render"
-    j = decode_generate_request(post(ours, path, body), WireFormat.JSON)
+    as_json = post(ours, path, body)
     r = httpx.post(
         ours + path, json=body, headers={"accept": "application/vnd.msgpack"}, timeout=60
     )
-    m = decode_generate_request(r.content, WireFormat.MSGPACK)
-    assert_same_request(m, j)
-    assert len(r.content) < len(post(ours, path, body)) * 0.8  # no base64
+    assert r.status_code == 200
+    # The same answer, field for field (items as base64 of the very same bytes), but its id.
+    binary = msgspec.to_builtins(decode_generate_request(r.content, WireFormat.MSGPACK))
+    assert {**binary, "request_id": None} == {**json.loads(as_json), "request_id": None}
+    assert len(r.content) < len(as_json) * 0.8  # no base64

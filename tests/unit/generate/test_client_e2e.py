@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -10,6 +12,12 @@ import pytest
 from tandem_client import AsyncTandemClient
 from tandem_render.app import create_app as create_render_app
 from tandem_render.settings import RenderSettings
+from tandem_wire import (
+    ErrorBody,
+    decode_document,
+    decode_generate_request,
+    format_of_content_type,
+)
 
 from ...support.images import png_bytes
 from .helpers import generate_app
@@ -17,34 +25,93 @@ from .helpers import generate_app
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
 
 IMAGE_PAD = 1022
+GENERATE = "/inference/v1/generate"
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request as it went over the transport, and the status it was answered with."""
+
+    path: str
+    body: bytes
+    content_type: str
+    status: int
+    error_type: str | None
+
+    def kwargs_data(self) -> dict[str, list[bytes | None]]:
+        req = decode_generate_request(self.body, format_of_content_type(self.content_type))
+        assert req.features is not None and req.features.kwargs_data is not None
+        return {
+            m: [None if d is None else bytes(d) for d in v]
+            for m, v in req.features.kwargs_data.items()
+        }
 
 
 class Router(httpx.AsyncBaseTransport):
-    """Sends each request to the in-process app named by its host."""
+    """Sends each request to the in-process app named by its host, and records what the client
+    actually sent (body bytes) and what each app answered (status, error type)."""
 
-    def __init__(self, apps: dict[str, object]) -> None:
-        self.transports = {host: httpx.ASGITransport(app=app) for host, app in apps.items()}
+    def __init__(self) -> None:
+        self.transports: dict[str, httpx.AsyncBaseTransport] = {}
+        self.exchanges: list[Exchange] = []
+
+    def sent_to(self, path: str) -> list[Exchange]:
+        return [e for e in self.exchanges if e.path == path]
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.transports[request.url.host].handle_async_request(request)
+        body = await request.aread()
+        response = await self.transports[request.url.host].handle_async_request(request)
+        error_type = None
+        if response.status_code >= 400:
+            await response.aread()  # kept on the response: the client reads the same bytes
+            fmt = format_of_content_type(response.headers.get("content-type"))
+            error_type = decode_document(response.content, ErrorBody, fmt).error.type
+        self.exchanges.append(
+            Exchange(
+                request.url.path,
+                body,
+                request.headers.get("content-type", ""),
+                response.status_code,
+                error_type,
+            )
+        )
+        return response
+
+
+@dataclass
+class Stack:
+    client: AsyncTandemClient
+    router: Router
+    restart_generate: Callable[[], Awaitable[None]]
+    """Replace the generate node by a fresh app on the same engine: it holds no items."""
 
 
 @pytest.fixture
-async def client(qwen2_engine, qwen2_renderer, qwen2_dir):
-    render = create_render_app(
-        RenderSettings(model=qwen2_dir, max_images_per_prompt=8), qwen2_renderer
-    )
-    generate = generate_app(qwen2_engine, qwen2_dir)
-    async with AsyncExitStack() as stack:
-        for app in (render, generate):
-            await stack.enter_async_context(app.router.lifespan_context(app))
-        transport = Router({"render": render, "generate": generate})
-        c = AsyncTandemClient(
-            "http://render", "http://generate", model=qwen2_dir, transport=transport
+async def stack(qwen2_engine, qwen2_renderer, qwen2_dir):
+    async with AsyncExitStack() as exits:
+
+        async def started(app):
+            await exits.enter_async_context(app.router.lifespan_context(app))
+            return httpx.ASGITransport(app=app)
+
+        render = create_render_app(
+            RenderSettings(model=qwen2_dir, max_images_per_prompt=8), qwen2_renderer
         )
-        stack.push_async_callback(c.aclose)
-        c.generate_app = generate  # type: ignore[attr-defined]
-        yield c
+        router = Router()
+        router.transports["render"] = await started(render)
+        router.transports["generate"] = await started(generate_app(qwen2_engine, qwen2_dir))
+
+        async def restart_generate() -> None:
+            router.transports["generate"] = await started(generate_app(qwen2_engine, qwen2_dir))
+
+        c = AsyncTandemClient("http://render", "http://generate", model=qwen2_dir, transport=router)
+        exits.push_async_callback(c.aclose)
+        yield Stack(c, router, restart_generate)
+
+
+@pytest.fixture
+def client(stack):
+    return stack.client
 
 
 def image_chat(seed: int) -> list[dict]:
@@ -59,15 +126,26 @@ def image_chat(seed: int) -> list[dict]:
     ]
 
 
-async def test_chat_sends_each_image_once_and_recovers_from_a_lost_cache(client):
+async def test_chat_sends_each_image_once_and_recovers_from_a_lost_cache(stack):
+    client, router = stack.client, stack.router
     first = await client.chat(image_chat(41), temperature=0.0, max_tokens=6)
     again = await client.chat(image_chat(41), temperature=0.0, max_tokens=6)
     assert again.choices[0].token_ids == first.choices[0].token_ids
-    service = client.generate_app.state.service
-    hits = service.metrics.item_cache_hits.collect()[0].samples[0].value
-    assert hits >= 1  # the second request sent null and hit the node's cache
-    service.items.clear()  # the node "restarts": the client's null gets a 409 and it resends
+    full, held = router.sent_to(GENERATE)
+    assert (full.status, held.status) == (200, 200)
+    (item,) = full.kwargs_data()["image"]
+    assert item is not None and len(item) > 10_000  # the first request carried the tensors
+    # The second carried a null for the item, and bytes for nothing else of it.
+    assert held.kwargs_data() == {"image": [None]}
+    assert len(held.body) < len(full.body) - len(item)
+
+    await stack.restart_generate()  # the node forgets its items: the client's null gets a 409
+    del router.exchanges[:]
     third = await client.chat(image_chat(41), temperature=0.0, max_tokens=6)
+    missed, resent = router.sent_to(GENERATE)
+    assert (missed.status, missed.error_type) == (409, "mm_cache_miss")
+    assert missed.kwargs_data() == {"image": [None]}
+    assert resent.status == 200 and resent.kwargs_data() == {"image": [item]}
     assert third.choices[0].token_ids == first.choices[0].token_ids
 
 

@@ -143,7 +143,9 @@ async def test_models_health_reset_and_metrics(app, qwen2_dir):
         assert (await c.get("/health")).json() == {"status": "ok"}
         assert (await c.get("/v1/models")).json()["data"][0]["id"] == qwen2_dir
         assert (await c.post("/reset_prefix_cache")).status_code == 200
-        assert "tandem_generate_requests" in (await c.get("/metrics")).text
+        text = (await c.get("/metrics")).text
+        assert "tandem_generate_requests" in text
+        assert "vllm:num_requests_running{" in text  # the engine's own gauges, beside ours
 
 
 async def test_api_key_on_every_route_but_health(qwen2_engine, qwen2_dir):

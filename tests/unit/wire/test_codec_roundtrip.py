@@ -17,18 +17,7 @@ from tandem_wire import (
     encode_item_b64,
 )
 
-
-def assert_nested_equal(a, b):
-    if isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray)
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert a.tobytes() == b.tobytes()
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            assert_nested_equal(x, y)
-    else:
-        assert a == b and type(a) is type(b)
+from ...support.items import assert_nested_equal
 
 
 def assert_items_equal(a, b):

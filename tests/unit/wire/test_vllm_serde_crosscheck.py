@@ -1,17 +1,17 @@
-"""Cross-checks against vLLM's own kwargs-item serializer, in both directions."""
+"""Cross-checks against vLLM's own kwargs-item serializer, in both directions.
+
+vLLM is always installed in this project's environment, so its serializer is imported plainly:
+if vLLM moves the module, collecting this file errors (never a skip), so the byte-compatibility
+checks cannot silently stop running.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from tandem_wire import decode_item, decode_item_b64, encode_item, encode_item_b64
-
-pytestmark = pytest.mark.vllm
-
-torch = pytest.importorskip("torch")
-mm_serde = pytest.importorskip("vllm.entrypoints.scale_out.token_in_token_out.mm_serde")
-from vllm.multimodal.inputs import (  # noqa: E402
+import torch
+from vllm.entrypoints.scale_out.token_in_token_out import mm_serde
+from vllm.multimodal.inputs import (
     MultiModalBatchedField,
     MultiModalFieldElem,
     MultiModalFlatField,
@@ -19,7 +19,10 @@ from vllm.multimodal.inputs import (  # noqa: E402
     MultiModalSharedField,
 )
 
-from tandem_vllm.items import item_from_vllm, item_to_vllm, tensor_to_numpy  # noqa: E402
+from tandem_vllm.items import item_from_vllm, item_to_vllm, tensor_to_numpy
+from tandem_wire import decode_item, decode_item_b64, encode_item, encode_item_b64
+
+pytestmark = pytest.mark.vllm
 
 
 def _elem(data, field):
