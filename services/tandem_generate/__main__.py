@@ -21,8 +21,11 @@ ENGINE_DIED_EXIT_CODE = os.EX_SOFTWARE
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
-    parser = FlexibleArgumentParser(prog="python -m tandem_generate", description=__doc__)
-    ours = parser.add_argument_group(
+    # vLLM's parser has no annotations.
+    parser = FlexibleArgumentParser(  # type: ignore[no-untyped-call]
+        prog="python -m tandem_generate", description=__doc__
+    )
+    ours = parser.add_argument_group(  # type: ignore[no-untyped-call]
         "tandem generate",
         "Tandem's HTTP side (list them with --help='tandem generate'); every other option "
         "is vLLM's engine option.",
@@ -31,7 +34,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     ours.add_argument("--port", type=int, default=8200, help="port to listen on")
     ours.add_argument(
         "--api-key",
-        default=os.environ.get("TANDEM_API_KEY"),
+        default=None,  # the environment is read after parsing, so --help never shows the key
         help="require `Authorization: Bearer KEY` on every route but /health; "
         "$TANDEM_API_KEY sets the default",
     )
@@ -67,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         help="keep freed memory and fault in the item cache budget at start-up",
     )
     parser = AsyncEngineArgs.add_cli_args(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(None if argv is None else list(argv))
     engine_args = AsyncEngineArgs.from_cli_args(args)
     names = tuple(engine_args.served_model_name or [engine_args.model])
     if isinstance(engine_args.served_model_name, str):
@@ -76,7 +79,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         served_model_names=names,
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
+        api_key=args.api_key or os.environ.get("TANDEM_API_KEY"),
         # vLLM's own --log-level (engine args) sets ours too.
         log_level=str(getattr(args, "log_level", None) or "info").lower(),
         max_body_bytes=args.max_body_bytes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from tandem_http import run_server
 
@@ -63,7 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     )
     p.add_argument(
         "--api-key",
-        default=env("TANDEM_API_KEY"),
+        default=None,  # the environment is read after parsing, so --help never shows the key
         help="require `Authorization: Bearer KEY` on every route but /health "
         "(default: $TANDEM_API_KEY, else no key)",
     )
@@ -173,7 +174,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     )
     args = vars(p.parse_args(argv))
     args["served_model_name"] = tuple(args["served_model_name"] or ())
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items() if v is not None}
+    args["api_key"] = args["api_key"] or env("TANDEM_API_KEY")
+    given: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in args.items() if v is not None
+    }
     return RenderSettings(**given)
 
 
