@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 
 import msgspec
 
+from tandem_client import AsyncTandemClient
 from tandem_generate.app import create_app
 from tandem_generate.settings import GenerateSettings
+from tandem_render.app import create_app as create_render_app
 from tandem_render.media import MediaLoader
 from tandem_render.metrics import RenderMetrics
 from tandem_render.service import RenderService
@@ -19,6 +23,7 @@ from tandem_wire import (
     encode_generate_request,
 )
 
+from ...support.asgi import HostRouter
 from ...support.images import chat_body, data_url, png_bytes
 
 MSGPACK = "application/vnd.msgpack"
@@ -65,6 +70,7 @@ def tokens(answer: dict, index: int = 0) -> list[int]:
 
 __all__ = [
     "GREEDY",
+    "client_stack",
     "MSGPACK",
     "generate_app",
     "post",
@@ -74,3 +80,19 @@ __all__ = [
     "png_bytes",
     "data_url",
 ]
+
+
+@asynccontextmanager
+async def client_stack(engine, renderer, model: str) -> AsyncIterator[AsyncTandemClient]:
+    """A client talking to the real render and generate apps in-process (hosts ``render`` and
+    ``generate``), their lifespans running."""
+    render_app = create_render_app(RenderSettings(model=model, max_images_per_prompt=8), renderer)
+    apps = {"render": render_app, "generate": generate_app(engine, model)}
+    async with AsyncExitStack() as stack:
+        for app in apps.values():
+            await stack.enter_async_context(app.router.lifespan_context(app))
+        client = AsyncTandemClient(
+            "http://render", "http://generate", model=model, transport=HostRouter(apps)
+        )
+        stack.push_async_callback(client.aclose)
+        yield client

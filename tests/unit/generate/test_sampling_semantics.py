@@ -8,20 +8,15 @@ not 16. These tests watch the engine's own input (the ``SamplingParams`` handed 
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
-
 import msgspec
 import pytest
 
-from tandem_client import AsyncTandemClient
-from tandem_render.app import create_app as create_render_app
-from tandem_render.settings import RenderSettings
 from tandem_vllm.sampling import ALLOWED_FIELDS
 from tandem_wire import GenerateRequest
 
-from ...support.asgi import HostRouter, app_client
+from ...support.asgi import app_client
 from ...support.images import png_bytes
-from .helpers import generate_app, post
+from .helpers import client_stack, generate_app, post
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
 
@@ -46,18 +41,7 @@ def received(qwen2_engine, monkeypatch):
 
 @pytest.fixture
 async def client(qwen2_engine, qwen2_renderer, qwen2_dir, received):
-    render = create_render_app(
-        RenderSettings(model=qwen2_dir, max_images_per_prompt=8), qwen2_renderer
-    )
-    generate = generate_app(qwen2_engine, qwen2_dir)
-    async with AsyncExitStack() as stack:
-        for app in (render, generate):
-            await stack.enter_async_context(app.router.lifespan_context(app))
-        transport = HostRouter({"render": render, "generate": generate})
-        c = AsyncTandemClient(
-            "http://render", "http://generate", model=qwen2_dir, transport=transport
-        )
-        stack.push_async_callback(c.aclose)
+    async with client_stack(qwen2_engine, qwen2_renderer, qwen2_dir) as c:
         yield c
 
 

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
-
 import pytest
 
-from tandem_client import AsyncTandemClient
-from tandem_render.app import create_app as create_render_app
-from tandem_render.settings import RenderSettings
 from tandem_wire import GenerateRequest
 
-from ...support.asgi import HostRouter, app_client
+from ...support.asgi import app_client
 from ...support.images import png_bytes
-from .helpers import generate_app, post
+from .helpers import client_stack, generate_app, post
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
 
@@ -26,20 +21,7 @@ TWO_IMAGES += [1017, 436, 198]
 async def test_a_seeded_grpo_batch_then_a_normal_request(qwen2_engine, qwen2_renderer, qwen2_dir):
     """32 prompts x 2 images of 448x448, n=4, seed=7: prefills that do not fit one step used
     to be split, and vLLM's rewind of a seeded CPU generator killed the engine core."""
-    render = create_render_app(
-        RenderSettings(model=qwen2_dir, max_images_per_prompt=8), qwen2_renderer
-    )
-    generate = generate_app(qwen2_engine, qwen2_dir)
-    async with AsyncExitStack() as stack:
-        for app in (render, generate):
-            await stack.enter_async_context(app.router.lifespan_context(app))
-        client = AsyncTandemClient(
-            "http://render",
-            "http://generate",
-            model=qwen2_dir,
-            transport=HostRouter({"render": render, "generate": generate}),
-        )
-        stack.push_async_callback(client.aclose)
+    async with client_stack(qwen2_engine, qwen2_renderer, qwen2_dir) as client:
         images = [
             [png_bytes(448, 448, seed=2 * i), png_bytes(448, 448, seed=2 * i + 1)]
             for i in range(32)
