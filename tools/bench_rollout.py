@@ -114,43 +114,54 @@ async def _measure(
     label: str,
     batch: str,
     servers: dict[str, ServerProcess],
-    run: Callable[[CountingTransport], Awaitable[list[int]]],
+    run: Callable[[], Awaitable[list[int]]],
+    transport: CountingTransport,
 ) -> RolloutRun:
-    transport = CountingTransport()
+    sent, received = transport.sent, transport.received
     before = cpu_seconds(servers)
     t0 = time.perf_counter()
-    try:
-        lengths = await run(transport)
-    finally:
-        await transport.aclose()
+    lengths = await run()
     seconds = time.perf_counter() - t0
     after = cpu_seconds(servers)
     cpu = {k: after[k] - before[k] for k in servers}
-    return RolloutRun(label, batch, seconds, transport.sent, transport.received, cpu, lengths)
+    return RolloutRun(
+        label,
+        batch,
+        seconds,
+        transport.sent - sent,
+        transport.received - received,
+        cpu,
+        lengths,
+    )
 
 
 def ours(
     model: str, render: ServerProcess, generate: ServerProcess, ids: list[int]
 ) -> Callable[[str, list[list[bytes]]], RolloutRun]:
+    """One client for every batch, as a trainer keeps one across steps: an image the generate
+    node already holds is sent as its hash only."""
     servers = {"render": render, "generate": generate}
+    loop = asyncio.new_event_loop()
+    transport = CountingTransport()
+    client = AsyncTandemClient(
+        render.url, generate.url, model=model, transport=transport, timeout_s=600
+    )
 
     def one(batch: str, images: list[list[bytes]]) -> RolloutRun:
-        async def run(transport: CountingTransport) -> list[int]:
-            async with AsyncTandemClient(
-                render.url, generate.url, model=model, transport=transport, timeout_s=600
-            ) as client:
-                out = await client.rollout(
-                    [ids] * PROMPTS,
-                    images,
-                    n=N,
-                    max_tokens=MAX_TOKENS,
-                    temperature=1.0,
-                    logprobs=0,
-                    progress=False,
-                )
+        async def run() -> list[int]:
+            out = await client.rollout(
+                [ids] * PROMPTS,
+                images,
+                n=N,
+                max_tokens=MAX_TOKENS,
+                temperature=1.0,
+                logprobs=0,
+                progress=False,
+            )
             return [len(c) for c in out.completion_ids]
 
-        return asyncio.run(_measure("ours: tandem_client.rollout (binary)", batch, servers, run))
+        label = "ours: tandem_client.rollout (binary)"
+        return loop.run_until_complete(_measure(label, batch, servers, run, transport))
 
     return one
 
@@ -184,7 +195,9 @@ def upstream_pair(
     servers = {"render": render, "generate": serve}
 
     def one(batch: str, images: list[list[bytes]]) -> RolloutRun:
-        async def run(transport: CountingTransport) -> list[int]:
+        transport = CountingTransport()
+
+        async def run() -> list[int]:
             async with httpx.AsyncClient(timeout=TIMEOUT, transport=transport) as client:
 
                 async def prompt(imgs: list[bytes]) -> list[int]:
@@ -213,7 +226,7 @@ def upstream_pair(
             return [n for lengths in per_prompt for n in lengths]
 
         label = "upstream pair, TRL-style (JSON)"
-        return asyncio.run(_measure(label, batch, servers, run))
+        return asyncio.run(_measure(label, batch, servers, run, transport))
 
     return one
 
@@ -225,7 +238,9 @@ def upstream_monolithic(
     text = "Compare the two pictures."
 
     def one(batch: str, images: list[list[bytes]]) -> RolloutRun:
-        async def run(transport: CountingTransport) -> list[int]:
+        transport = CountingTransport()
+
+        async def run() -> list[int]:
             async with httpx.AsyncClient(timeout=TIMEOUT, transport=transport) as client:
 
                 async def prompt(imgs: list[bytes]) -> list[int]:
@@ -249,7 +264,7 @@ def upstream_monolithic(
                 per_prompt = await asyncio.gather(*(prompt(imgs) for imgs in images))
             return [n for lengths in per_prompt for n in lengths]
 
-        return asyncio.run(_measure("upstream monolithic chat", batch, servers, run))
+        return asyncio.run(_measure("upstream monolithic chat", batch, servers, run, transport))
 
     return one
 
