@@ -21,11 +21,12 @@ __all__ = [
 
 
 def sampling_params_to_wire(params: SamplingParams) -> dict[str, Any]:
-    """The fields that differ from ``SamplingParams``' defaults, plus ``max_tokens`` always.
+    """Upstream's serialization of ``SamplingParams`` (``omit_defaults``), plus ``max_tokens``
+    always.
 
-    Upstream's render leaves out every field equal to its dataclass default (16 for
-    ``max_tokens``), but upstream's generate reads an absent ``max_tokens`` as "the room left
-    in the context", not as 16: a caller asking for exactly 16 tokens would get thousands.
+    That serialization leaves out a ``max_tokens`` of 16, its dataclass default, but upstream's
+    generate reads an absent ``max_tokens`` as "the room left in the context", not as 16: a
+    caller asking for exactly 16 tokens would get thousands.
     Writing the resolved ``max_tokens`` keeps the document upstream-shaped and makes it mean
     what the caller asked for on either generate server.
     """
