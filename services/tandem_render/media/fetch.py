@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -167,12 +167,29 @@ class HttpFetcher:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise MediaTooLarge(f"media is larger than {limit} bytes")
+        # We asked for identity. A server sending a compressed body anyway would have it
+        # inflated a whole chunk at a time (a few kB of gzip can become gigabytes) before the
+        # cap could look, so it is refused; the bytes counted are the bytes received.
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise MediaFetchFailed(
+                f"media server sent a {_short(encoding)}-encoded body; only identity is accepted"
+            )
         body = bytearray()
-        async for chunk in response.aiter_bytes():
+        async for chunk in _raw_chunks(response):
             body += chunk
             if len(body) > limit:
                 raise MediaTooLarge(f"media is larger than {limit} bytes")
         return bytes(body)
+
+
+async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as received; a transport that buffered it already hands it over whole."""
+    if response.is_stream_consumed:
+        yield response.content
+        return
+    async for chunk in response.aiter_raw():
+        yield chunk
 
 
 def _parse_http_url(url: str) -> httpx.URL:

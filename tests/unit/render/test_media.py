@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import io
 import socket
 import struct
@@ -189,6 +190,10 @@ def _handler(server: LocalServer, release: threading.Event) -> type[BaseHTTPRequ
                 self.end_headers()
                 for _ in range(100):
                     self.wfile.write(b"x" * 1000)
+            elif self.path == "/gzip-bomb":
+                # 1 MB of zeros in ~1 kB of gzip, sent despite our Accept-Encoding: identity.
+                bomb = gzip.compress(b"\0" * 1_000_000)
+                self._send(200, bomb, {"Content-Encoding": "gzip", "Content-Type": "image/png"})
             elif self.path == "/slow":
                 release.wait(5)
                 self._send(200, PNG)
@@ -313,6 +318,14 @@ def test_http_content_length_over_cap(http_server: LocalServer) -> None:
 def test_http_streamed_body_over_cap(http_server: LocalServer) -> None:
     policy = MediaPolicy(max_media_bytes=1000, allowed_private_hosts=frozenset({"127.0.0.1"}))
     _expect(MediaTooLarge, lambda: _run(http_server.url("/stream"), policy))
+
+
+def test_http_compressed_body_is_refused_not_inflated(http_server: LocalServer) -> None:
+    """The cap counts bytes as received; a server that compresses anyway is refused before
+    anything is inflated (1 MB of zeros in ~1 kB of gzip, cap 2 kB)."""
+    policy = MediaPolicy(max_media_bytes=2000, allowed_private_hosts=frozenset({"127.0.0.1"}))
+    err = _expect(MediaFetchFailed, lambda: _run(http_server.url("/gzip-bomb"), policy))
+    assert "gzip" in err.message
 
 
 def test_http_timeout(http_server: LocalServer) -> None:
