@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -91,14 +92,16 @@ class GenerateService:
         inputs = self.builder.build(req, tenant)
         return params, inputs, params.logprobs
 
-    def _start(self, req: GenerateRequest[Any], params: Any, inputs: Any) -> AsyncIterator[Any]:
+    def _start(
+        self, req: GenerateRequest[Any], engine_id: str, params: Any, inputs: Any
+    ) -> AsyncIterator[Any]:
         return self.engine.generate(
             inputs.token_ids,
             inputs.items,
             inputs.hashes,
             inputs.placeholders,
             params,
-            req.request_id,
+            engine_id,
             priority=req.priority,
             cache_salt=req.cache_salt,
             reasoning_ended=req.reasoning_ended,
@@ -110,15 +113,21 @@ class GenerateService:
         """Run to completion; None if the client went away (the engine request is aborted)."""
         params, inputs, top_n = self._prepare(req, tenant_of(req))
         start = time.perf_counter()
-        task = asyncio.ensure_future(_last(self._start(req, params, inputs)))
-        while not task.done():
-            done, _ = await asyncio.wait({task}, timeout=self.settings.disconnect_poll_s)
-            if not done and await disconnected():
+        engine_id = engine_request_id(req)
+        task = asyncio.ensure_future(_last(self._start(req, engine_id, params, inputs)))
+        try:
+            while not task.done():
+                done, _ = await asyncio.wait({task}, timeout=self.settings.disconnect_poll_s)
+                if not done and await disconnected():
+                    return None  # the engine request is aborted below
+            result = task.result()
+        finally:
+            # The client went away, or this handler itself was cancelled (server shutdown):
+            # no generation may be left running for nobody.
+            if not task.done():
                 task.cancel()  # vLLM aborts the request when its generator is cancelled
-                await self.engine.abort(req.request_id)
+                await self.engine.abort(engine_id)
                 self.metrics.requests.labels("aborted").inc()
-                return None
-        result = task.result()
         self.metrics.requests.labels("ok").inc()
         self.metrics.latency.observe(time.perf_counter() - start)
         self.metrics.generated_tokens.inc(sum(len(o.token_ids) for o in result.outputs))
@@ -145,8 +154,9 @@ class GenerateService:
         first = True
         finished = False
         start = time.perf_counter()
+        engine_id = engine_request_id(req)
         try:
-            async for res in self._start(req, params, inputs):
+            async for res in self._start(req, engine_id, params, inputs):
                 choices = [stream_choice(o, top_n) for o in res.outputs]
                 generated += sum(len(c.token_ids or []) for c in choices)
                 chunk: dict[str, Any] = {
@@ -173,7 +183,14 @@ class GenerateService:
             if not finished:
                 # The client went away mid-stream (or the engine failed): free the engine slot.
                 self.metrics.requests.labels("aborted").inc()
-                await self.engine.abort(req.request_id)
+                await self.engine.abort(engine_id)
+
+
+def engine_request_id(req: GenerateRequest[Any]) -> str:
+    """The engine's id for a request: the caller's, made unique, so that one caller's
+    disconnect can never abort another caller's request that reuses the same id. Answers
+    still carry the caller's id."""
+    return f"{req.request_id}-{secrets.token_hex(8)}"
 
 
 def tenant_of(req: GenerateRequest[Any]) -> str:
