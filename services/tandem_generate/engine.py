@@ -7,6 +7,7 @@ processor entirely on this path.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -32,6 +33,9 @@ from .errors import EngineNotReady
 from .model_spec import ModelSpec, modality_spec
 
 __all__ = ["Engine"]
+
+ENGINE_WATCH_S = 1.0
+"""How often a request waiting for output checks that the engine is still alive."""
 
 log = logging.getLogger("tandem.generate")
 
@@ -71,7 +75,7 @@ class Engine:
         reasoning_ended: bool | None = None,
     ) -> AsyncIterator[RequestOutput]:
         prompt = engine_prompt(token_ids, items, hashes, placeholders, cache_salt=cache_salt)
-        return _typed_engine_errors(
+        return self._outputs(
             self.llm.generate(
                 prompt,
                 sampling_params,
@@ -81,8 +85,44 @@ class Engine:
             )
         )
 
+    async def _outputs(
+        self, outputs: AsyncGenerator[RequestOutput, None]
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's outputs; its death becomes a 503 that clients retry on another node.
+
+        vLLM fails the requests it knows of when its core dies, but a request added while the
+        core was dying can wait forever; so the wait for each output also watches the engine.
+        """
+        step: asyncio.Future[RequestOutput] | None = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(outputs))
+                while not step.done():
+                    await asyncio.wait({step}, timeout=ENGINE_WATCH_S)
+                    if not step.done() and self.errored:
+                        raise EngineDeadError()
+                try:
+                    out = step.result()
+                except StopAsyncIteration:
+                    return
+                yield out
+        except EngineDeadError:
+            raise EngineNotReady("the engine died; this node is restarting") from None
+        finally:
+            if step is not None and not step.done():
+                # Cancelled mid-wait: vLLM aborts the request when its generator is cancelled.
+                step.cancel()
+                await asyncio.wait({step})
+            if not self.errored:
+                await outputs.aclose()  # a consumer that stops early aborts the engine request
+
     async def abort(self, request_id: str) -> None:
-        await self.llm.abort(request_id)
+        if self.errored:
+            return  # nothing runs any more
+        try:
+            await self.llm.abort(request_id)
+        except EngineDeadError:
+            pass
 
     async def reset_prefix_cache(self) -> bool:
         return bool(await self.llm.reset_prefix_cache())
@@ -96,19 +136,6 @@ class Engine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
-
-
-async def _typed_engine_errors(
-    outputs: AsyncGenerator[RequestOutput, None],
-) -> AsyncGenerator[RequestOutput, None]:
-    """The engine's outputs; its death becomes a 503 that clients retry on another node."""
-    try:
-        async for out in outputs:
-            yield out
-    except EngineDeadError:
-        raise EngineNotReady("the engine died; this node is restarting") from None
-    finally:
-        await outputs.aclose()  # a consumer that stops early aborts the engine request
 
 
 def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:
