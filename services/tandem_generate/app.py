@@ -68,7 +68,7 @@ def create_app(
         app.state.service = GenerateService(settings, engine, metrics)
         watch = None
         if on_engine_dead is not None:
-            watch = asyncio.create_task(_watch_engine(engine, settings.engine_watch_s))
+            watch = asyncio.create_task(_report_death(engine))
             watch.add_done_callback(lambda t: t.cancelled() or on_engine_dead())
         try:
             yield
@@ -129,8 +129,6 @@ def create_app(
     return app
 
 
-async def _watch_engine(engine: Engine, interval_s: float) -> None:
-    """Return once the engine has died (its core process exited or its output loop failed)."""
-    while not engine.errored:
-        await asyncio.sleep(interval_s)
+async def _report_death(engine: Engine) -> None:
+    await engine.wait_until_dead()
     log.error("the vLLM engine died; stopping this server so that it is restarted")

@@ -35,7 +35,8 @@ from .model_spec import ModelSpec, modality_spec
 __all__ = ["Engine"]
 
 ENGINE_WATCH_S = 1.0
-"""How often a request waiting for output checks that the engine is still alive."""
+"""How often the engine's liveness is checked: by requests waiting for output, and by the
+server, which stops with a non-zero status once the engine died (as vLLM's own server does)."""
 
 log = logging.getLogger("tandem.generate")
 
@@ -115,6 +116,11 @@ class Engine:
                 await asyncio.wait({step})
             if not self.errored:
                 await outputs.aclose()  # a consumer that stops early aborts the engine request
+
+    async def wait_until_dead(self) -> None:
+        """Return once the engine has died (its core process exited or its output loop failed)."""
+        while not self.errored:
+            await asyncio.sleep(ENGINE_WATCH_S)
 
     async def abort(self, request_id: str) -> None:
         if self.errored:

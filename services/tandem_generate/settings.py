@@ -39,7 +39,3 @@ class GenerateSettings:
 
     disconnect_poll_s: float = 0.25
     """How often a non-streaming request checks whether its client went away."""
-
-    engine_watch_s: float = 1.0
-    """How often the engine's liveness is checked; once it died, the server stops with a
-    non-zero status so that its supervisor starts a fresh one (vLLM's own server does too)."""

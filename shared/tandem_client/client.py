@@ -36,7 +36,6 @@ from .routing import RoundRobin, rendezvous_order
 
 __all__ = ["AsyncTandemClient"]
 
-_RETRY_STATUSES = frozenset({429, 503})
 _MAX_RETRY_AFTER_S = 30.0
 
 
@@ -363,7 +362,9 @@ def chat_sampling_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: fields[k] for k in _SAME_NAME_SAMPLING_FIELDS if fields.get(k) is not None}
     if isinstance(out.get("stop"), str):
         out["stop"] = [out["stop"]]
-    max_tokens = fields.get("max_completion_tokens", fields.get("max_tokens"))
+    max_tokens = fields.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = fields.get("max_tokens")
     if max_tokens is not None:
         out["max_tokens"] = max_tokens
     if fields.get("logprobs"):
