@@ -133,6 +133,17 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         f"{' '.join(RenderSettings.mm_processor_kwargs_allowlist)})",
     )
     p.add_argument(
+        "--max-kwargs-pixels",
+        type=int,
+        help="largest min_pixels/max_pixels a request may set in mm_processor_kwargs "
+        "(default: the model's own max_pixels)",
+    )
+    p.add_argument(
+        "--max-kwargs-frames",
+        type=int,
+        help="largest num_frames a request may set (default: the video processor's max_frames)",
+    )
+    p.add_argument(
         "--allowed-media-domains",
         nargs="*",
         help="fetch http(s) media only from these domains and their subdomains "

@@ -97,6 +97,14 @@ class RenderSettings:
     mm_processor_kwargs_allowlist: tuple[str, ...] = DEFAULT_MM_KWARGS_ALLOWLIST
     """Keys a request may set in ``mm_processor_kwargs``."""
 
+    max_kwargs_pixels: int | None = None
+    """Largest ``min_pixels`` / ``max_pixels`` a request may set; by default the model's own
+    ``max_pixels`` (a request may ask for less work than the model's default, never more)."""
+
+    max_kwargs_frames: int | None = None
+    """Largest ``num_frames`` a request may set; by default the video processor's own
+    ``max_frames``."""
+
     allowed_media_domains: tuple[str, ...] | None = None
     """If set, http(s) media only from these domains (and their subdomains)."""
 

@@ -37,6 +37,7 @@ from tandem_wire import GenerateRequest, TandemHTTPError
 
 from .inline import InlineExecutor
 from .media_connector import DecodedCache, decode_media, decoded_size, register_connector
+from .prepare import ProcessorFacts
 from .render_call import PromptMedia, RenderCall, bound, current
 from .settings import RenderSettings
 
@@ -132,6 +133,7 @@ class EngineRenderer:
         self.max_model_len: int = model_config.max_model_len
         self.vocab_size: int = len(self.online.renderer.get_tokenizer())
         self.is_multimodal: bool = bool(model_config.is_multimodal_model)
+        self.processor_facts = _processor_facts(renderer.mm_processor)
 
     def load_image(self, data: bytes, decoded: DecodedCache | None = None) -> Any:
         """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
@@ -180,6 +182,27 @@ class EngineRenderer:
             with_tensors=mm_payload == "tensors",
         )
         return generate_request_to_wire(req, features)
+
+
+def _processor_facts(mm_processor: Any) -> ProcessorFacts:
+    """The resize bounds of the model's HF image and video processors, where they state them."""
+    if mm_processor is None:
+        return ProcessorFacts()
+    hf = mm_processor.info.get_hf_processor()
+    image = getattr(hf, "image_processor", None)
+    video = getattr(hf, "video_processor", None)
+    size = getattr(image, "size", None)
+    max_pixels = getattr(image, "max_pixels", None) or getattr(size, "longest_edge", None)
+    patch, merge = getattr(image, "patch_size", None), getattr(image, "merge_size", None)
+    per_token = (patch * merge) ** 2 if isinstance(patch, int) and isinstance(merge, int) else None
+    # Only Qwen-style "longest_edge" is a pixel count; other processors use it for a side.
+    is_pixel_count = isinstance(max_pixels, int) and per_token is not None
+    frames = getattr(video, "max_frames", None)
+    return ProcessorFacts(
+        max_pixels=max_pixels if is_pixel_count else None,
+        pixels_per_token=per_token,
+        max_frames=frames if isinstance(frames, int) else None,
+    )
 
 
 def _run_inline(renderer: Any) -> None:
