@@ -60,12 +60,14 @@ class InputBuilder:
         vocab_size: int,
         max_items: int,
         limits: DecodeLimits,
+        mm_limits: dict[str, int] | None = None,
     ) -> None:
         self.spec = spec
         self.store = store
         self.vocab_size = vocab_size
         self.max_items = max_items
         self.limits = limits
+        self.mm_limits = mm_limits or {}
 
     def build(self, req: GenerateRequest[ItemBytes | None], tenant: str) -> EngineInputs:
         ids = req.token_ids
@@ -87,6 +89,13 @@ class InputBuilder:
             mspec = self.spec.modalities.get(modality)
             if mspec is None:
                 raise InvalidItem(f"this model takes no {modality[:32]!r} input")
+            limit = self.mm_limits.get(modality)
+            if limit is not None and len(hashes) > limit:
+                raise TooManyItems(
+                    f"At most {limit} {modality}(s) may be provided in one prompt "
+                    "(--limit-mm-per-prompt)",
+                    param=f"features.mm_hashes.{modality}",
+                )
             entries = (feats.kwargs_data or {}).get(modality) or [None] * len(hashes)
             stored_items = []
             for mm_hash, entry in zip(hashes, entries, strict=True):

@@ -48,6 +48,7 @@ class GenerateService:
             vocab_size=engine.vocab_size,
             max_items=settings.max_items_per_prompt,
             limits=DecodeLimits(max_body_bytes=settings.max_body_bytes),
+            mm_limits=engine.mm_limits,
         )
 
     def _prepare(

@@ -47,6 +47,14 @@ ItemEncoder = Callable[[str, Any], bytes]
 """(mm_hash, vLLM kwargs item) -> encoded item bytes; lets the caller cache by hash."""
 
 _CONTEXT_LENGTH = re.compile(r"context length", re.IGNORECASE)
+_INPUT_ERRORS = [
+    _CONTEXT_LENGTH,
+    # The prompt's placeholders do not match its media (e.g. fewer image tokens than images
+    # in a token-id prompt): vLLM's processor asserts or raises RuntimeError.
+    re.compile(r"^Failed to apply prompt replacement"),
+    re.compile(r"^Expected there to be \d+ prompt (updates|placeholders)"),
+]
+"""vLLM's messages for input errors raised as plain ValueError/TypeError/AssertionError."""
 _EMPTY_FEATURES = UpstreamFeatures(mm_hashes={}, mm_placeholders={})
 
 
@@ -184,6 +192,17 @@ class EngineRenderer:
         return generate_request_to_wire(req, features)
 
 
+def _first_arg(exc: BaseException) -> str:
+    # The message alone: vLLM appends the offending value to str(exc).
+    return str(exc.args[0] if exc.args else type(exc).__name__)[:300]
+
+
+def _client_error(message: str) -> TandemHTTPError:
+    if _CONTEXT_LENGTH.search(message):
+        return PromptTooLong(message)
+    return BadRequest(message)
+
+
 def _processor_facts(mm_processor: Any) -> ProcessorFacts:
     """The resize bounds of the model's HF image and video processors, where they state them."""
     if mm_processor is None:
@@ -247,17 +266,18 @@ async def _call(awaitable: Any) -> Any:
         result = await awaitable
     except TandemHTTPError:
         raise
-    except AssertionError as exc:
-        # vLLM's processor asserts on prompts whose placeholders do not match their media
-        # (e.g. fewer image tokens than images); for us that is the caller's input.
-        message = str(exc)[:200] or "prompt and media do not match"
-        raise BadRequest(f"the prompt does not match its media: {message}") from None
-    except (VLLMClientError, ValueError, TypeError, NotImplementedError) as exc:
-        # The message alone: vLLM appends the offending value to str(exc).
-        message = str(exc.args[0] if exc.args else type(exc).__name__)[:300]
-        if _CONTEXT_LENGTH.search(message):
-            raise PromptTooLong(message) from None
-        raise BadRequest(message) from None
+    except VLLMClientError as exc:
+        raise _client_error(_first_arg(exc)) from None
+    except (ValueError, TypeError, AssertionError, RuntimeError, NotImplementedError) as exc:
+        # vLLM raises these for bad input and for its own bugs alike: only the input errors
+        # named in _INPUT_ERRORS are the caller's (a 400); the rest are a 500 whose body says
+        # nothing of the internals (the traceback goes to the log under the request id).
+        message = _first_arg(exc)
+        if not any(p.search(message) for p in _INPUT_ERRORS):
+            raise
+        if isinstance(exc, (AssertionError, RuntimeError)):
+            message = f"the prompt does not match its media: {message}"
+        raise _client_error(message) from None
     if isinstance(result, ErrorResponse):
         err = result.error
         if err.code == 404:

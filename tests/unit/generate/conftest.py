@@ -30,6 +30,8 @@ async def qwen2_engine(qwen2_dir, anyio_backend):
             max_num_seqs=8,
             max_logprobs=8,
             seed=0,
+            # Enforced by the service itself (test_items_and_hostile).
+            limit_mm_per_prompt={"image": 4},
         )
     )
     yield engine

@@ -152,6 +152,27 @@ def _item_with(req, **changes):
     return msgspec.structs.replace(req, features=feats)
 
 
+def _joined(a, b):
+    """One request holding both prompts one after the other, with all their images."""
+    shift = len(a.token_ids)
+    fa, fb = a.features, b.features
+    moved = [
+        msgspec.structs.replace(p, offset=p.offset + shift) for p in fb.mm_placeholders["image"]
+    ]
+    feats = msgspec.structs.replace(
+        fa,
+        mm_hashes={"image": fa.mm_hashes["image"] + fb.mm_hashes["image"]},
+        mm_placeholders={"image": fa.mm_placeholders["image"] + moved},
+        kwargs_data={"image": fa.kwargs_data["image"] + fb.kwargs_data["image"]},
+        mm_metadata=(
+            {"image": fa.mm_metadata["image"] + fb.mm_metadata["image"]}
+            if fa.mm_metadata
+            else None
+        ),
+    )
+    return msgspec.structs.replace(a, token_ids=a.token_ids + b.token_ids, features=feats)
+
+
 def _with_ranges(req, ranges):
     feats = msgspec.structs.replace(req.features, mm_placeholders={"image": ranges})
     return msgspec.structs.replace(req, features=feats)
@@ -375,3 +396,26 @@ async def test_hostile_inputs_get_typed_4xx_and_the_server_keeps_serving(
             assert "Traceback" not in r.text, name
         assert (await c.get("/health")).status_code == 200
         assert len(tokens(await post(c, req))) == 8
+
+
+async def test_limit_mm_per_prompt_is_enforced_by_the_service(
+    qwen2_engine, qwen2_renderer, qwen2_dir
+):
+    # The session engine runs with --limit-mm-per-prompt image=4. Items arrive processed, so
+    # vLLM's processor never counts them: the service must, as vLLM's own server does.
+    assert qwen2_engine.mm_limits["image"] == 4
+    app = generate_app(qwen2_engine, qwen2_dir, max_body_bytes=8_000_000, max_items_per_prompt=16)
+    four = await render(qwen2_renderer, qwen2_dir, [30, 31, 32, 33], **GREEDY)
+    one = await render(qwen2_renderer, qwen2_dir, [34], **GREEDY)
+    five = _joined(four, one)  # render itself refuses five images (same limit)
+    async with app_client(app) as c:
+        r = await c.post(
+            "/inference/v1/generate", content=encode_generate_request(five, WireFormat.JSON)
+        )
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "too_many_items" and err["param"] == "features.mm_hashes.image"
+        r = await c.post(
+            "/inference/v1/generate", content=encode_generate_request(four, WireFormat.JSON)
+        )
+        assert r.status_code == 200, r.text

@@ -380,3 +380,28 @@ async def test_bad_input_gets_typed_4xx_and_the_service_keeps_serving(app, qwen2
             assert "Traceback" not in r.text and len(err["message"]) < 400, name
         assert (await c.get("/health")).status_code == 200
         await render(c, chat_body(qwen2_dir, [data_url(png_bytes(seed=10))]))
+
+
+async def test_vllm_failures_that_are_not_input_errors_are_500s_that_say_nothing(
+    app, qwen2_dir, qwen2_renderer
+):
+    # vLLM raises ValueError/TypeError/AssertionError for its own bugs as for bad input: only
+    # the input errors we can name are 400s. The failure is injected into the real renderer
+    # (nothing a request can do makes vLLM fail this way on purpose).
+    real = qwen2_renderer.serving.render_chat_request
+    for exc in (ValueError("tensor shape [3, 4] /opt/secret.py"), TypeError("x"), AssertionError()):
+
+        async def broken(*args, exc=exc, **kwargs):
+            raise exc
+
+        qwen2_renderer.serving.render_chat_request = broken
+        try:
+            async with app_client(app, raise_app_exceptions=False) as c:
+                r = await c.post(
+                    "/v1/chat/completions/render", json=chat_body(qwen2_dir, [data_url(png_bytes(seed=11))])
+                )
+        finally:
+            qwen2_renderer.serving.render_chat_request = real
+        err = r.json()["error"]
+        assert (r.status_code, err["type"]) == (500, "internal_error"), r.text
+        assert "secret" not in r.text and r.headers["x-request-id"] in err["message"]
