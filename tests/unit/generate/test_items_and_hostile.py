@@ -165,9 +165,7 @@ def _joined(a, b):
         mm_placeholders={"image": fa.mm_placeholders["image"] + moved},
         kwargs_data={"image": fa.kwargs_data["image"] + fb.kwargs_data["image"]},
         mm_metadata=(
-            {"image": fa.mm_metadata["image"] + fb.mm_metadata["image"]}
-            if fa.mm_metadata
-            else None
+            {"image": fa.mm_metadata["image"] + fb.mm_metadata["image"]} if fa.mm_metadata else None
         ),
     )
     return msgspec.structs.replace(a, token_ids=a.token_ids + b.token_ids, features=feats)

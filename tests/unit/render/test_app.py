@@ -398,7 +398,8 @@ async def test_vllm_failures_that_are_not_input_errors_are_500s_that_say_nothing
         try:
             async with app_client(app, raise_app_exceptions=False) as c:
                 r = await c.post(
-                    "/v1/chat/completions/render", json=chat_body(qwen2_dir, [data_url(png_bytes(seed=11))])
+                    "/v1/chat/completions/render",
+                    json=chat_body(qwen2_dir, [data_url(png_bytes(seed=11))]),
                 )
         finally:
             qwen2_renderer.serving.render_chat_request = real
