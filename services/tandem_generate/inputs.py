@@ -1,8 +1,9 @@
 """Wire features -> engine inputs: decode, check against the model, cache, and name items.
 
-An item's identity towards the engine (its encoder-cache and prefix-cache key) is a hash of its
-bytes and the tenant, never the caller's ``mm_hash`` alone: reusing someone's hash with other
-pixels yields another identity, so nobody can poison another request's caches.
+An item's identity towards the engine (its encoder-cache and prefix-cache key) and in the item
+store is its content id (``tandem_wire.content_id``: a hash of its bytes and the tenant), never
+the caller's ``mm_hash``: reusing someone's hash with other pixels yields another identity, so
+nobody can poison another request's caches or be served pixels they did not send.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import blake3
 import numpy as np
 
 from tandem_http import TokenOutOfVocabulary, TooManyItems
@@ -23,6 +23,7 @@ from tandem_wire import (
     ItemBytes,
     KwargsItem,
     PlaceholderRange,
+    content_id,
     decode_item,
 )
 
@@ -40,13 +41,6 @@ class EngineInputs:
     hashes: dict[str, list[str]]
     placeholders: dict[str, list[PlaceholderRange]]
     """Checked ranges, ``is_embed`` computed from the tokens (tandem_vllm converts them)."""
-
-
-def content_id(tenant: str, data: ItemBytes) -> str:
-    h = blake3.blake3(tenant.encode("utf-8"))
-    h.update(b"\x00")
-    h.update(data)
-    return h.hexdigest()
 
 
 class InputBuilder:
@@ -100,13 +94,14 @@ class InputBuilder:
             stored_items = []
             for mm_hash, entry in zip(hashes, entries, strict=True):
                 if entry is None:
+                    # A null's mm_hash is the content id of bytes its sender sent before.
                     stored = self.store.get(tenant, mm_hash)
                     if stored is None:
                         missing.setdefault(modality, []).append(mm_hash)
                         continue
                 else:
                     stored = self._decode(entry, mspec, tenant, modality)
-                    self.store.put(tenant, mm_hash, stored)
+                    self.store.put(tenant, stored)
                 stored_items.append(stored)
             if modality in missing:
                 continue

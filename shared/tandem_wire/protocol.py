@@ -77,8 +77,10 @@ class MultiModalFeatures(Struct, Generic[ItemT]):
     kwargs_data: dict[str, list[ItemT]] | None = None
     """The processor outputs of each item: a msgpack-encoded kwargs item (see ``codec``),
     base64 text in JSON mode and raw ``bin`` in binary mode. A null entry means "the generate
-    node already holds this item" (it answers 409 ``mm_cache_miss`` if it does not). Null for
-    the whole field: no tensors were sent."""
+    node already holds this item", and its ``mm_hashes`` entry is then the item's content id
+    (``content_id(cache_salt or "", item bytes)``), so a node resolves it only to those very
+    bytes; it answers 409 ``mm_cache_miss`` naming the ids it does not hold. Null for the whole
+    field: no tensors were sent."""
 
     mm_metadata: dict[str, list[ItemT]] | None = None
     """Metadata-only items (grid sizes, ``keep_on_cpu`` fields) for encoder-cache transfer;

@@ -15,6 +15,7 @@ from tandem_wire import (
     GenerateRequest,
     PlaceholderRange,
     WireFormat,
+    content_id,
     decode_item,
     encode_generate_request,
     encode_item,
@@ -32,12 +33,28 @@ def app(qwen2_engine, qwen2_dir):
 
 
 def without_data(req: GenerateRequest, **changes) -> GenerateRequest:
+    """The request with every item as a null entry named by its content id, as a client that
+    sent the items before does (``cache_salt`` from ``changes`` is the tenant)."""
+    tenant = changes.get("cache_salt", req.cache_salt) or ""
+    feats = msgspec.structs.replace(
+        req.features,
+        mm_hashes={
+            m: [content_id(tenant, d) for d in v] for m, v in req.features.kwargs_data.items()
+        },
+        kwargs_data={m: [None] * len(v) for m, v in req.features.kwargs_data.items()},
+        mm_metadata=None,
+    )
+    return msgspec.structs.replace(req, features=feats, **changes)
+
+
+def nulls(req: GenerateRequest) -> GenerateRequest:
+    """The request with null entries under its own (render's) mm_hashes."""
     feats = msgspec.structs.replace(
         req.features,
         kwargs_data={m: [None] * len(v) for m, v in req.features.kwargs_data.items()},
         mm_metadata=None,
     )
-    return msgspec.structs.replace(req, features=feats, **changes)
+    return msgspec.structs.replace(req, features=feats)
 
 
 def with_hashes(req: GenerateRequest, hashes: list[str]) -> GenerateRequest:
@@ -59,7 +76,7 @@ async def test_null_kwargs_reuse_the_cached_item(app, qwen2_renderer, qwen2_dir)
 
 async def test_cache_miss_is_a_409_naming_the_missing_hashes(app, qwen2_renderer, qwen2_dir):
     req = await render(qwen2_renderer, qwen2_dir, [12, 13], **GREEDY)
-    unknown = without_data(with_hashes(req, ["f" * 64, "e" * 64]))
+    unknown = with_hashes(nulls(req), ["f" * 64, "e" * 64])
     async with app_client(app) as c:
         err = await post(c, unknown, expect=409)
         assert err["error"]["type"] == "mm_cache_miss"
@@ -82,29 +99,35 @@ async def test_a_reused_hash_with_other_pixels_poisons_nothing(app, qwen2_render
         assert tokens(await post(c, attack)) == other_tokens
         # ...the victim's identical request is unaffected (encoder and prefix caches)...
         assert tokens(await post(c, victim)) == victim_tokens
-        # ...and a contested hash is never served from the store: null means "resend".
-        err = await post(c, without_data(victim), expect=409)
-        assert err["error"]["type"] == "mm_cache_miss"
+        # ...and so is its null entry, which names its own bytes' content id.
+        assert tokens(await post(c, without_data(victim))) == victim_tokens
+        # A null under a caller's hash names no bytes at all: nothing is served for it.
+        err = await post(c, nulls(victim), expect=409)
+        assert err["error"]["details"] == {"missing": {"image": [victim_hash]}}
 
 
-async def test_a_contested_hash_stays_contested_once_its_items_are_evicted(
+async def test_a_null_never_resolves_to_pixels_its_sender_did_not_send(
     qwen2_engine, qwen2_renderer, qwen2_dir
 ):
+    # Evict the victim's item, let an attacker register other pixels under every name the
+    # victim's item went by (its mm_hash and its content id), then retry the victim's null.
     victim = await render(qwen2_renderer, qwen2_dir, [22], **GREEDY)
     other = await render(qwen2_renderer, qwen2_dir, [23], **GREEDY)
     fillers = [await render(qwen2_renderer, qwen2_dir, [seed], **GREEDY) for seed in (24, 25)]
-    attack = with_hashes(other, victim.features.mm_hashes["image"])
+    victim_id = without_data(victim).features.mm_hashes["image"][0]
     # Room for one item: each item stored evicts the one before.
     size = len(victim.features.kwargs_data["image"][0])
     app = generate_app(qwen2_engine, qwen2_dir, item_cache_bytes=size * 3 // 2)
     async with app_client(app) as c:
-        await post(c, victim)
-        await post(c, attack)  # the victim's hash is now contested
+        victim_tokens = tokens(await post(c, victim))
         for filler in fillers:
             await post(c, filler)
-        await post(c, attack)  # the attacker registers its pixels under that hash again
+        for name in (victim.features.mm_hashes["image"][0], victim_id):
+            await post(c, with_hashes(other, [name]))
         err = await post(c, without_data(victim), expect=409)
-        assert err["error"]["type"] == "mm_cache_miss"
+        assert err["error"]["details"] == {"missing": {"image": [victim_id]}}
+        # Resent with its data, the victim gets its own answer.
+        assert tokens(await post(c, victim)) == victim_tokens
 
 
 async def test_items_are_scoped_by_tenant(app, qwen2_renderer, qwen2_dir):
