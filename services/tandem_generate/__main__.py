@@ -34,9 +34,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     ours.add_argument("--port", type=int, default=8200, help="port to listen on")
     ours.add_argument(
         "--api-key",
+        nargs="+",
         default=None,  # the environment is read after parsing, so --help never shows the key
-        help="require `Authorization: Bearer KEY` on every route but /health; "
-        "$TANDEM_API_KEY sets the default",
+        help="require `Authorization: Bearer KEY` with one of these keys on every route but "
+        "/health (held items are kept per key); $TANDEM_API_KEY sets the default",
     )
     ours.add_argument(
         "--max-body-bytes",
@@ -79,7 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         served_model_names=names,
         host=args.host,
         port=args.port,
-        api_key=args.api_key or os.environ.get("TANDEM_API_KEY"),
+        api_key=tuple(args.api_key) if args.api_key else os.environ.get("TANDEM_API_KEY"),
         # vLLM's own --log-level (engine args) sets ours too.
         log_level=str(getattr(args, "log_level", None) or "info").lower(),
         max_body_bytes=args.max_body_bytes,

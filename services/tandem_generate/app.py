@@ -22,6 +22,7 @@ from tandem_http import (
     metrics_response,
     negotiate,
     pretouch,
+    principal_of,
     read_body,
     wire_response,
 )
@@ -94,9 +95,10 @@ def create_app(
         metrics.bytes_in.labels(in_fmt.name.lower()).inc(len(body))
         req = decode_generate_request(body, in_fmt, limits)
         svc = service(request)
+        principal = principal_of(request)
         if req.stream:
-            return HeldStreamingResponse(svc.stream(req), media_type="text/event-stream")
-        result = await svc.generate(req, request.is_disconnected)
+            return HeldStreamingResponse(svc.stream(req, principal), media_type="text/event-stream")
+        result = await svc.generate(req, request.is_disconnected, principal)
         if result is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         return wire_response(result, out_fmt)

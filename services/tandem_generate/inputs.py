@@ -63,7 +63,12 @@ class InputBuilder:
         self.limits = limits
         self.mm_limits = mm_limits or {}
 
-    def build(self, req: GenerateRequest[ItemBytes | None], tenant: str) -> EngineInputs:
+    def build(
+        self, req: GenerateRequest[ItemBytes | None], tenant: str, principal: str = ""
+    ) -> EngineInputs:
+        """``tenant`` (cache_salt) goes into content ids; held items are looked up and kept
+        per tenant and API key (``principal``), so no key resolves another key's items."""
+        scope = f"{principal}\x00{tenant}"
         ids = req.token_ids
         if max(ids) >= self.vocab_size:
             bad = next(t for t in ids if t >= self.vocab_size)
@@ -95,13 +100,13 @@ class InputBuilder:
             for mm_hash, entry in zip(hashes, entries, strict=True):
                 if entry is None:
                     # A null's mm_hash is the content id of bytes its sender sent before.
-                    stored = self.store.get(tenant, mm_hash)
+                    stored = self.store.get(scope, mm_hash)
                     if stored is None:
                         missing.setdefault(modality, []).append(mm_hash)
                         continue
                 else:
                     stored = self._decode(entry, mspec, tenant, modality)
-                    self.store.put(tenant, stored)
+                    self.store.put(scope, stored)
                 stored_items.append(stored)
             if modality in missing:
                 continue

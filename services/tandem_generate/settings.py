@@ -16,7 +16,7 @@ class GenerateSettings:
 
     host: str = "127.0.0.1"
     port: int = 8200
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     """When set, every route but /health needs ``Authorization: Bearer <key>``."""
 
     log_level: str = "info"

@@ -64,9 +64,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     )
     p.add_argument(
         "--api-key",
+        nargs="+",
         default=None,  # the environment is read after parsing, so --help never shows the key
-        help="require `Authorization: Bearer KEY` on every route but /health "
-        "(default: $TANDEM_API_KEY, else no key)",
+        help="require `Authorization: Bearer KEY` with one of these keys on every route but "
+        "/health (default: $TANDEM_API_KEY, else no key)",
     )
     p.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
     p.add_argument(

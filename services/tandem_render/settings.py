@@ -55,7 +55,7 @@ class RenderSettings:
     thread rather than in thread pools: workers are the parallelism, and thread hand-offs
     cost CPU (measured ~2 ms per request). I/O (media fetches) stays asynchronous."""
 
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     """When set, every route but /health needs ``Authorization: Bearer <key>``."""
 
     log_level: str = "info"

@@ -440,3 +440,19 @@ async def test_limit_mm_per_prompt_is_enforced_by_the_service(
             "/inference/v1/generate", content=encode_generate_request(four, WireFormat.JSON)
         )
         assert r.status_code == 200, r.text
+
+
+async def test_held_items_are_scoped_by_api_key_too(qwen2_engine, qwen2_renderer, qwen2_dir):
+    # cache_salt is caller-chosen: with API keys configured, another key naming the same salt
+    # and content id still resolves nothing of the first key's.
+    req = await render(qwen2_renderer, qwen2_dir, [26], **GREEDY)
+    mine = msgspec.structs.replace(req, cache_salt="shared-salt" * 2)
+    app = generate_app(qwen2_engine, qwen2_dir, api_key=("key-a", "key-b"))
+    async with app_client(app) as c:
+        c.headers["authorization"] = "Bearer key-a"
+        await post(c, mine)
+        c.headers["authorization"] = "Bearer key-b"
+        err = await post(c, without_data(mine), expect=409)
+        assert err["error"]["type"] == "mm_cache_miss"
+        c.headers["authorization"] = "Bearer key-a"
+        assert len(tokens(await post(c, without_data(mine)))) == 8
