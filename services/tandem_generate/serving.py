@@ -69,6 +69,7 @@ class GenerateService:
             stream=bool(req.stream),
             max_n=self.engine.max_num_seqs,
             max_logprobs=self.engine.max_logprobs,
+            vocab_size=self.engine.vocab_size,
         )
         if params.seed is not None and not self.engine.seeded_sampling_safe:
             raise UnsupportedSamplingParams(
