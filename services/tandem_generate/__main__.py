@@ -58,6 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         help="requests admitted (decoding, queued or running) before answering 429",
     )
     ours.add_argument(
+        "--allow-request-priority",
+        action="store_true",
+        help="honour the priority field of requests (otherwise every request runs at 0)",
+    )
+    ours.add_argument(
         "--item-cache-bytes",
         type=int,
         default=GenerateSettings.item_cache_bytes,
@@ -87,6 +92,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,
         item_cache_bytes=args.item_cache_bytes,
+        allow_request_priority=args.allow_request_priority,
         pretouch_item_cache=args.pretouch_item_cache,
     )
     return settings, engine_args

@@ -104,7 +104,8 @@ class GenerateService:
             inputs.placeholders,
             params,
             engine_id,
-            priority=req.priority,
+            # Under priority scheduling a caller's priority jumps the queue: an operator choice.
+            priority=req.priority if self.settings.allow_request_priority else 0,
             cache_salt=req.cache_salt,
             reasoning_ended=req.reasoning_ended,
         )

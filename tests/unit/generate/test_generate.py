@@ -193,3 +193,24 @@ async def test_every_token_id_and_string_list_is_bounded(app, qwen2_engine, qwen
             assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request", r.text
         ok = GenerateRequest(token_ids=prompt, sampling_params={**GREEDY, "allowed_token_ids": [5]})
         assert set(tokens(await post(c, ok))) == {5}
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+async def test_a_callers_priority_reaches_the_engine_only_when_allowed(
+    qwen2_engine, qwen2_dir, monkeypatch, allowed
+):
+    from tandem_wire import GenerateRequest
+
+    seen = []
+    original = qwen2_engine.llm.generate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("priority"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(qwen2_engine.llm, "generate", spy)
+    app = generate_app(qwen2_engine, qwen2_dir, allow_request_priority=allowed)
+    req = GenerateRequest(token_ids=[1017, 82, 88], sampling_params=dict(GREEDY), priority=-5)
+    async with app_client(app) as c:
+        await post(c, req)
+    assert seen == [-5 if allowed else 0]
