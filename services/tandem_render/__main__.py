@@ -184,6 +184,23 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         help="largest declared image (width x height), checked before decoding "
         f"(default: {RenderSettings.max_image_pixels})",
     )
+    p.add_argument(
+        "--max-video-seconds",
+        type=float,
+        help="longest video, checked from its container "
+        f"(default: {RenderSettings.max_video_seconds})",
+    )
+    p.add_argument(
+        "--max-video-frames",
+        type=int,
+        help=f"most frames in a video's container (default: {RenderSettings.max_video_frames})",
+    )
+    p.add_argument(
+        "--max-decoded-video-bytes",
+        type=int,
+        help="most bytes of decoded frames one video may take "
+        f"(default: {RenderSettings.max_decoded_video_bytes})",
+    )
     args = vars(p.parse_args(argv))
     args["served_model_name"] = tuple(args["served_model_name"] or ())
     args["api_key"] = args["api_key"] or env("TANDEM_API_KEY")

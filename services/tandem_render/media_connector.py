@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+from dataclasses import dataclass
 from typing import Any
 
 import blake3
@@ -11,12 +13,14 @@ from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 from vllm.multimodal.media.connector import global_thread_pool
 
 from .caches import DecodedCache
-from .errors import InvalidImage, MediaSchemeNotAllowed
+from .errors import InvalidImage, MediaError, MediaSchemeNotAllowed, MediaTooLarge
 from .prepare import MEDIA_URL_PREFIX
 from .render_call import current
 
 __all__ = [
     "CONNECTOR_NAME",
+    "VideoLimits",
+    "check_video_bytes",
     "DecodedCache",
     "decode_media",
     "decoded_size",
@@ -38,6 +42,52 @@ def decoded_size(media: Any) -> int:
         return int(w) * int(h) * bands + original
     nbytes: int = getattr(inner, "nbytes", 0)
     return nbytes + original
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    """What one video may cost, checked from its container before any frame is decoded."""
+
+    max_seconds: float
+    max_frames: int
+    """Frames in the container (decoding seeks through them)."""
+    max_frame_pixels: int
+    max_decoded_bytes: int
+    """Bytes of the frames vLLM samples and decodes (RGB), at the request's ``num_frames``."""
+
+
+def check_video_bytes(data: bytes, limits: VideoLimits, sampled_frames: int) -> None:
+    """Read the container's header with vLLM's own OpenCV opener and refuse a video whose
+    duration, frame count, frame size or decoded frames exceed ``limits``."""
+    import cv2
+    from vllm.multimodal.video_decoders.opencv import OpenCVVideoBackendMixin
+
+    # The stream stays referenced until the capture is released: OpenCV reads it lazily,
+    # and releasing a capture whose stream was collected crashes the process.
+    stream = io.BytesIO(data)
+    cap = cv2.VideoCapture(stream, OpenCVVideoBackendMixin.get_cv2_video_api(), [])
+    try:
+        if not cap.isOpened():
+            raise MediaError("could not open the video")
+        frames = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        fps = float(cap.get(cv2.CAP_PROP_FPS))
+        width = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
+        height = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    finally:
+        cap.release()
+        del stream
+    if frames <= 0 or width <= 0 or height <= 0:
+        raise MediaError("the video's container states no frames or no frame size")
+    seconds = frames / fps if fps > 0 else float("inf")
+    decoded = min(sampled_frames, frames) * width * height * 3
+    for what, value, bound in (
+        ("frames", frames, limits.max_frames),
+        ("seconds", seconds, limits.max_seconds),
+        ("pixels per frame", width * height, limits.max_frame_pixels),
+        ("bytes of decoded frames", decoded, limits.max_decoded_bytes),
+    ):
+        if value > bound:
+            raise MediaTooLarge(f"the video has {value:.0f} {what}, more than {bound}")
 
 
 def _lookup(url: str) -> tuple[bytes, DecodedCache | None]:

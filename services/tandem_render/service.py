@@ -39,6 +39,8 @@ class Renderer(Protocol):
 
     def load_image(self, data: bytes, decoded: Any) -> Any: ...
 
+    def check_video_bytes(self, data: bytes) -> None: ...
+
     def new_decoded_cache(self, budget_bytes: int) -> Any: ...
 
     def encode_item(self, item: Any) -> bytes: ...
@@ -137,9 +139,12 @@ class RenderService:
 
     async def _load(self, ref: MediaRef) -> bytes:
         data = ref.data if ref.data is not None else await self.loader.load_bytes(ref.url or "")
+        # Header-only: a decompression bomb or an hour of video is refused before any pixel
+        # is decoded.
         if ref.modality == "image":
-            # Header-only: a decompression bomb is refused before any pixel is decoded.
             self.loader.check_image_bytes(data)
+        elif ref.modality == "video":
+            self.renderer.check_video_bytes(data)
         self.metrics.media_bytes.inc(len(data))
         return data
 

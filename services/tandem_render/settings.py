@@ -126,6 +126,15 @@ class RenderSettings:
     max_image_pixels: int = 64 * 1024 * 1024
     """Largest declared image (width x height), checked before decoding."""
 
+    max_video_seconds: float = 600.0
+    """Longest video, from its container's frame count and rate, checked before decoding."""
+
+    max_video_frames: int = 36_000
+    """Most frames in a video's container (decoding seeks through them)."""
+
+    max_decoded_video_bytes: int = 1024 * 1024 * 1024
+    """Most bytes of decoded frames (RGB) one video may take."""
+
     def cache_budget_bytes(self) -> int:
         """What this worker's caches hold when full (vLLM's processor cache included)."""
         vllm_cache = int(self.mm_processor_cache_gb * 2**30)

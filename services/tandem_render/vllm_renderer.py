@@ -23,7 +23,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMClientError
-from vllm.multimodal.media import ImageMediaIO
+from vllm.multimodal.media import ImageMediaIO, VideoMediaIO
 from vllm.renderers import renderer_from_config
 from vllm.renderers.chat_utils import load_chat_template
 from vllm.renderers.online_renderer import OnlineRenderer
@@ -36,7 +36,14 @@ from tandem_vllm.upstream_names import check_upstream_names
 from tandem_wire import GenerateRequest, TandemHTTPError
 
 from .inline import InlineExecutor
-from .media_connector import DecodedCache, decode_media, decoded_size, register_connector
+from .media_connector import (
+    DecodedCache,
+    VideoLimits,
+    check_video_bytes,
+    decode_media,
+    decoded_size,
+    register_connector,
+)
 from .prepare import ProcessorFacts
 from .render_call import PromptMedia, RenderCall, bound, current
 from .settings import RenderSettings
@@ -142,10 +149,27 @@ class EngineRenderer:
         self.vocab_size: int = len(self.online.renderer.get_tokenizer())
         self.is_multimodal: bool = bool(model_config.is_multimodal_model)
         self.processor_facts = _processor_facts(renderer.mm_processor)
+        self.video_limits = VideoLimits(
+            max_seconds=settings.max_video_seconds,
+            max_frames=settings.max_video_frames,
+            max_frame_pixels=settings.max_image_pixels,
+            max_decoded_bytes=settings.max_decoded_video_bytes,
+        )
+        # What vLLM's video IO decodes per video (-1: every frame); media_io_kwargs from
+        # requests are refused, so only the operator's --media-io-kwargs change it.
+        mm_config = model_config.multimodal_config
+        video_io = mm_config.media_io_kwargs.get("video", {}) if mm_config else {}
+        default_frames = VideoMediaIO(ImageMediaIO()).num_frames
+        self._video_frames = int(video_io.get("num_frames", default_frames))
 
     def load_image(self, data: bytes, decoded: DecodedCache | None = None) -> Any:
         """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
         return decode_media(ImageMediaIO(), data, decoded)
+
+    def check_video_bytes(self, data: bytes) -> None:
+        """Refuse, from the container's header, a video that would cost too much to decode."""
+        sampled = self._video_frames if self._video_frames > 0 else 2**31
+        check_video_bytes(data, self.video_limits, sampled)
 
     def new_decoded_cache(self, budget_bytes: int) -> DecodedCache:
         return DecodedCache(budget_bytes, decoded_size)

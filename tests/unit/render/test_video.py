@@ -43,3 +43,52 @@ async def test_qwen2_video_run_is_all_embeddings(qwen2_renderer, qwen2_dir):
     (ph,) = req.features.mm_placeholders["video"]
     assert ph.is_embed is None
     assert req.token_ids[ph.offset : ph.offset + ph.length] == [1023] * ph.length
+
+
+@pytest.mark.parametrize(
+    ("limit", "value"),
+    [
+        ({"max_video_frames": 7}, "8 frames"),
+        ({"max_video_seconds": 1.5}, "2 seconds"),
+        ({"max_image_pixels": 112 * 112 - 1}, "12544 pixels per frame"),
+        ({"max_decoded_video_bytes": 8 * 112 * 112 * 3 - 1}, "301056 bytes of decoded frames"),
+    ],
+)
+async def test_a_video_over_a_limit_is_refused_from_its_header(
+    qwen2_renderer, qwen2_dir, limit, value
+):
+    # mp4_bytes(): 8 frames of 112x112 at 4 fps (2 s); vLLM decodes at most 32 frames of it.
+    settings = RenderSettings(model=qwen2_dir, pretouch_cache_memory=False, **limit)
+    renderer = qwen2_renderer
+    saved = renderer.video_limits
+    renderer.video_limits = type(saved)(
+        max_seconds=settings.max_video_seconds,
+        max_frames=settings.max_video_frames,
+        max_frame_pixels=settings.max_image_pixels,
+        max_decoded_bytes=settings.max_decoded_video_bytes,
+    )
+    decoded = []
+    real = renderer.render_chat
+
+    async def spy(*args, **kwargs):
+        decoded.append(1)
+        return await real(*args, **kwargs)
+
+    renderer.render_chat = spy
+    try:
+        app = create_app(settings, renderer=renderer)
+        async with app_client(app) as c:
+            r = await c.post("/v1/chat/completions/render", json=video_chat(qwen2_dir))
+            assert r.status_code == 413, r.text
+            err = r.json()["error"]
+            assert err["type"] == "media_too_large" and value in err["message"], err
+            assert decoded == []  # refused before vLLM decoded a frame
+            bad = {**video_chat(qwen2_dir)}
+            bad["messages"][0]["content"][0]["video_url"]["url"] = data_url(
+                b"\x00" * 64, "video/mp4"
+            )
+            r = await c.post("/v1/chat/completions/render", json=bad)
+            assert (r.status_code, r.json()["error"]["type"]) == (400, "invalid_media"), r.text
+    finally:
+        renderer.video_limits = saved
+        del renderer.render_chat
