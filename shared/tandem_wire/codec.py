@@ -199,9 +199,32 @@ def _nested_from_wire(obj: Any, depth: int, budget: _Budget) -> NestedTensors:
 
 
 def _slice_from_wire(obj: Any) -> slice:
-    if len(obj) > 3 or not all(v is None or (_is_index(v) and abs(v) < _MAX_INDEX) for v in obj):
-        raise InvalidFieldLayout("a slice must be [start, stop, step] of integers or null")
-    return slice(*obj)
+    if len(obj) > 3 or not all(v is None or (_is_index(v) and 0 <= v < _MAX_INDEX) for v in obj):
+        raise InvalidFieldLayout(
+            "a slice must be [start, stop, step] of non-negative integers or null"
+        )
+    s = slice(*obj)
+    if s.step is not None and s.step < 1:
+        raise InvalidFieldLayout("a slice's step must be positive")
+    if s.start is not None and s.stop is not None and s.start > s.stop:
+        raise InvalidFieldLayout("a slice must not start after its stop")
+    return s
+
+
+def _check_slice_bounds(key: str, elem: FieldElem) -> None:
+    """Flat slices inside the tensor they cut, checked even where a model's own layout would
+    replace them: a layout that disagrees with its data is refused, not ignored."""
+    layout, data = elem.layout, elem.data
+    if not isinstance(layout, FlatLayout) or not isinstance(data, np.ndarray):
+        return
+    if layout.dim >= data.ndim:
+        raise InvalidFieldLayout(f"{key[:64]}: flat dim {layout.dim} is past the tensor's ndim")
+    for s in layout.slices:
+        cuts = s if isinstance(s, tuple) else (s,)
+        for axis, cut in enumerate(cuts):
+            size = data.shape[axis + layout.dim if len(cuts) == 1 else axis]
+            if cut.stop is not None and cut.stop > size:
+                raise InvalidFieldLayout(f"{key[:64]}: a flat slice ends past the tensor")
 
 
 def _slices_from_wire(obj: Any) -> Any:
@@ -287,6 +310,7 @@ def decode_item(
         except RecursionError:
             raise NestingTooDeep("kwargs item nests too deeply") from None
         item[key] = FieldElem(data=nested, layout=_layout_from_wire(elem["field"]))
+        _check_slice_bounds(key, item[key])
     return item
 
 

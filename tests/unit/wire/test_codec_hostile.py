@@ -108,6 +108,26 @@ CASES = [
         InvalidFieldLayout,
     ),
     (
+        "flat slice step 0",
+        item_with(tensor(), ("flat", {"slices": [[0, 1, 0]]})),
+        InvalidFieldLayout,
+    ),
+    (
+        "flat slice negative step",
+        item_with(tensor(), ("flat", {"slices": [[1, 0, -1]]})),
+        InvalidFieldLayout,
+    ),
+    (
+        "flat slice negative",
+        item_with(tensor(), ("flat", {"slices": [[-2, None]]})),
+        InvalidFieldLayout,
+    ),
+    (
+        "flat slice reversed",
+        item_with(tensor(), ("flat", {"slices": [[2, 1]]})),
+        InvalidFieldLayout,
+    ),
+    (
         "flat slice huge",
         item_with(tensor(), ("flat", {"slices": [[0, 2**63 - 1]]})),
         InvalidFieldLayout,

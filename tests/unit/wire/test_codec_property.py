@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -12,6 +13,7 @@ from tandem_wire import (
     BatchedLayout,
     FieldElem,
     FlatLayout,
+    InvalidFieldLayout,
     SharedLayout,
     WireError,
     decode_item,
@@ -50,32 +52,53 @@ nested = st.recursive(
     max_leaves=6,
 )
 
-slices = st.builds(
-    slice,
-    st.none() | st.integers(0, 100),
-    st.none() | st.integers(0, 100),
-    st.none() | st.integers(1, 3),
-)
+
+@st.composite
+def flat_fields(draw):
+    """A flat field whose slices cut inside its tensor along ``dim``, as vLLM builds them."""
+    data = draw(
+        hnp.arrays(
+            dtype=st.sampled_from(DTYPES),
+            shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=6),
+        )
+    )
+    dim = draw(st.integers(0, data.ndim - 1))
+    size = data.shape[dim]
+
+    def cut():
+        start = draw(st.none() | st.integers(0, size))
+        stop = draw(st.none() | st.integers(start or 0, size))
+        return slice(start, stop, draw(st.none() | st.integers(1, 3)))
+
+    if dim == 0:
+        cuts = tuple(cut() for _ in range(draw(st.integers(0, 4))))
+    else:
+        # One slice per leading dimension up to dim: full ones, then the cut along dim.
+        cuts = tuple((*(slice(None),) * dim, cut()) for _ in range(draw(st.integers(1, 3))))
+    return FieldElem(data=data, layout=FlatLayout(slices=cuts, dim=dim, keep_on_cpu=False))
+
 
 layouts = st.one_of(
     st.builds(BatchedLayout, keep_on_cpu=st.booleans()),
-    st.builds(
-        FlatLayout,
-        slices=st.lists(slices, max_size=4).map(tuple)
-        | st.lists(st.lists(slices, min_size=2, max_size=2).map(tuple), min_size=1, max_size=3).map(
-            tuple
-        ),
-        dim=st.integers(0, 3),
-        keep_on_cpu=st.booleans(),
-    ),
     st.builds(SharedLayout, batch_size=st.integers(1, 64), keep_on_cpu=st.booleans()),
 )
 
 items = st.dictionaries(
     st.text(min_size=1, max_size=20),
-    st.builds(FieldElem, data=st.none() | nested, layout=layouts),
+    st.builds(FieldElem, data=st.none() | nested, layout=layouts) | flat_fields(),
     max_size=4,
 )
+
+
+@settings(max_examples=100, deadline=None)
+@given(flat_fields(), st.integers(1, 50))
+def test_flat_slices_past_the_tensor_are_refused(elem, extra):
+    size = elem.data.shape[elem.layout.dim]
+    past = slice(0, size + extra)
+    cut = past if elem.layout.dim == 0 else (*(slice(None),) * elem.layout.dim, past)
+    bad = FieldElem(data=elem.data, layout=FlatLayout(slices=(cut,), dim=elem.layout.dim))
+    with pytest.raises(InvalidFieldLayout):
+        decode_item(encode_item({"x": bad}))
 
 
 @settings(max_examples=150, deadline=None)
