@@ -42,8 +42,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     ours.add_argument(
         "--max-body-bytes",
         type=int,
-        default=GenerateSettings.max_body_bytes,
-        help="largest request body, in bytes",
+        default=None,
+        help="largest request body, in bytes (default: what the model can take: its context "
+        "filled with image tokens, as JSON)",
     )
     ours.add_argument(
         "--max-items-per-prompt",

@@ -26,7 +26,7 @@ from tandem_http import (
     read_body,
     wire_response,
 )
-from tandem_wire import DecodeLimits, decode_generate_request
+from tandem_wire import decode_generate_request
 
 from .engine import Engine
 from .errors import EngineNotReady
@@ -53,7 +53,6 @@ def create_app(
     process with it (a node with a dead engine only answers errors)."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = GenerateMetrics.create(registry)
-    limits = DecodeLimits(max_body_bytes=settings.max_body_bytes)
     gate = AdmissionGate(settings.max_pending, "tandem_generate", registry)
 
     @asynccontextmanager
@@ -67,6 +66,7 @@ def create_app(
                 seconds,
             )
         app.state.service = GenerateService(settings, engine, metrics)
+        log.info("largest request body: %d MiB", app.state.service.max_body_bytes >> 20)
         watch = None
         if on_engine_dead is not None:
             watch = asyncio.create_task(_report_death(engine))
@@ -90,11 +90,11 @@ def create_app(
     @app.post("/inference/v1/generate")
     @admitted(gate)
     async def generate(request: Request) -> Response:
-        body = await read_body(request, settings.max_body_bytes)
+        svc = service(request)
+        body = await read_body(request, svc.max_body_bytes)
         in_fmt, out_fmt = negotiate(request)
         metrics.bytes_in.labels(in_fmt.name.lower()).inc(len(body))
-        req = decode_generate_request(body, in_fmt, limits)
-        svc = service(request)
+        req = decode_generate_request(body, in_fmt, svc.limits)
         principal = principal_of(request)
         if req.stream:
             return HeldStreamingResponse(svc.stream(req, principal), media_type="text/event-stream")

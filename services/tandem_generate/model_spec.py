@@ -52,6 +52,29 @@ class ModelSpec:
 
     modalities: dict[str, ModalitySpec] = field(default_factory=dict)
 
+    def max_request_bytes(self, max_model_len: int, max_items: int) -> int:
+        """The largest generate request this model can take, as JSON (base64 items).
+
+        Every embedding token of every item sits in the context, so all items together hold
+        at most ``max_model_len`` tokens' worth of grid cells; fields that do not grow with
+        the grid (grids, sizes) cost what the probe's item did, per item.
+        """
+        tokens = max_model_len * 12  # "123456, " per token id, JSON
+        items = 0
+        for spec in self.modalities.values():
+            per_token = spec.grid_cells_per_token or 1
+            grown, fixed = 0, 0
+            for f in spec.fields.values():
+                row = f.dtype.itemsize * math.prod(
+                    n for i, n in enumerate(f.shape) if i != f.flat_dim
+                )
+                if f.rows_per_cell:
+                    grown += row * f.rows_per_cell
+                else:
+                    fixed += row * (f.shape[f.flat_dim] if f.shape else 1)
+            items = max(items, max_model_len * per_token * grown + max_items * (fixed + 4096))
+        return tokens + items * 4 // 3 + (1 << 20)  # base64, and a MiB for everything else
+
 
 def grid_cells(grid: Any) -> int:
     """Patches in a grid tensor such as ``image_grid_thw`` (t * h * w)."""

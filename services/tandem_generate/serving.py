@@ -42,12 +42,16 @@ class GenerateService:
         self.engine = engine
         self.metrics = metrics
         self.items = ItemStore(settings.item_cache_bytes, metrics)
+        self.max_body_bytes = settings.max_body_bytes or engine.spec.max_request_bytes(
+            engine.max_model_len, settings.max_items_per_prompt
+        )
+        self.limits = DecodeLimits(max_body_bytes=self.max_body_bytes)
         self.builder = InputBuilder(
             engine.spec,
             self.items,
             vocab_size=engine.vocab_size,
             max_items=settings.max_items_per_prompt,
-            limits=DecodeLimits(max_body_bytes=settings.max_body_bytes),
+            limits=self.limits,
             mm_limits=engine.mm_limits,
         )
 

@@ -20,8 +20,9 @@ class GenerateSettings:
     """When set, every route but /health needs ``Authorization: Bearer <key>``."""
 
     log_level: str = "info"
-    max_body_bytes: int = 256 * 1024 * 1024
-    """Largest request body (several images of pixels)."""
+    max_body_bytes: int | None = None
+    """Largest request body; by default what the model can take (its context filled with
+    item tokens, see ``ModelSpec.max_request_bytes``)."""
 
     max_items_per_prompt: int = 32
     """Most multimodal items in one request."""

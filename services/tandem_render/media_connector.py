@@ -65,7 +65,9 @@ def check_video_bytes(data: bytes, limits: VideoLimits, sampled_frames: int) -> 
     # The stream stays referenced until the capture is released: OpenCV reads it lazily,
     # and releasing a capture whose stream was collected crashes the process.
     stream = io.BytesIO(data)
-    cap = cv2.VideoCapture(stream, OpenCVVideoBackendMixin.get_cv2_video_api(), [])
+    api = OpenCVVideoBackendMixin.get_cv2_video_api()  # type: ignore[no-untyped-call]
+    # OpenCV's stubs lack its buffered-stream overload (the one vLLM itself uses).
+    cap = cv2.VideoCapture(stream, api, [])  # type: ignore[call-overload]
     try:
         if not cap.isOpened():
             raise MediaError("could not open the video")

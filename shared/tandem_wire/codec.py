@@ -211,22 +211,6 @@ def _slice_from_wire(obj: Any) -> slice:
     return s
 
 
-def _check_slice_bounds(key: str, elem: FieldElem) -> None:
-    """Flat slices inside the tensor they cut, checked even where a model's own layout would
-    replace them: a layout that disagrees with its data is refused, not ignored."""
-    layout, data = elem.layout, elem.data
-    if not isinstance(layout, FlatLayout) or not isinstance(data, np.ndarray):
-        return
-    if layout.dim >= data.ndim:
-        raise InvalidFieldLayout(f"{key[:64]}: flat dim {layout.dim} is past the tensor's ndim")
-    for s in layout.slices:
-        cuts = s if isinstance(s, tuple) else (s,)
-        for axis, cut in enumerate(cuts):
-            size = data.shape[axis + layout.dim if len(cuts) == 1 else axis]
-            if cut.stop is not None and cut.stop > size:
-                raise InvalidFieldLayout(f"{key[:64]}: a flat slice ends past the tensor")
-
-
 def _slices_from_wire(obj: Any) -> Any:
     if not isinstance(obj, list) or len(obj) > _MAX_SLICES:
         raise InvalidFieldLayout("flat layout slices must be a (bounded) list")
@@ -310,7 +294,6 @@ def decode_item(
         except RecursionError:
             raise NestingTooDeep("kwargs item nests too deeply") from None
         item[key] = FieldElem(data=nested, layout=_layout_from_wire(elem["field"]))
-        _check_slice_bounds(key, item[key])
     return item
 
 

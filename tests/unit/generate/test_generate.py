@@ -7,7 +7,10 @@ import json
 import msgspec
 import pytest
 
+from tandem_wire import WireFormat, encode_generate_request
+
 from ...support.asgi import app_client
+from ...support.images import data_url, png_bytes
 from .helpers import GREEDY, generate_app, post, render, tokens, with_sampling
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
@@ -214,3 +217,27 @@ async def test_a_callers_priority_reaches_the_engine_only_when_allowed(
     async with app_client(app) as c:
         await post(c, req)
     assert seen == [-5 if allowed else 0]
+
+
+async def test_the_default_body_limit_follows_from_the_model(
+    qwen2_engine, qwen2_renderer, qwen2_dir
+):
+    # The tiny Qwen2-VL: 4096 tokens of context, 4 grid cells per image token, a cell is
+    # 1176 uint8 values (vLLM's processor leaves normalizing to the model). A request filling
+    # the context with image tokens fits; the limit is not a fixed 256 MiB.
+    app = generate_app(qwen2_engine, qwen2_dir)
+    async with app_client(app) as c:
+        limit = app.state.service.max_body_bytes
+        pixels = 4096 * 4 * 1176
+        assert pixels * 4 // 3 < limit < pixels * 4 // 3 + 8 * 2**20
+        r = await c.post("/inference/v1/generate", content=b"x" * (limit + 1))
+        assert (r.status_code, r.json()["error"]["type"]) == (413, "payload_too_large")
+        # A real request near the top: 3 large images (1024 tokens each), as JSON.
+        big = await render(
+            qwen2_renderer,
+            qwen2_dir,
+            [data_url(png_bytes(896, 896, seed=s)) for s in (40, 41, 42)],
+            **GREEDY,
+        )
+        assert len(encode_generate_request(big, WireFormat.JSON)) < limit
+        assert len(tokens(await post(c, big))) == 8

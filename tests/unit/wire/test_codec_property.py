@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -13,7 +12,6 @@ from tandem_wire import (
     BatchedLayout,
     FieldElem,
     FlatLayout,
-    InvalidFieldLayout,
     SharedLayout,
     WireError,
     decode_item,
@@ -55,7 +53,8 @@ nested = st.recursive(
 
 @st.composite
 def flat_fields(draw):
-    """A flat field whose slices cut inside its tensor along ``dim``, as vLLM builds them."""
+    """A flat field with well-formed slices (vLLM's slices index the batch an item came
+    from, so they are not bounded by the item's own tensor)."""
     data = draw(
         hnp.arrays(
             dtype=st.sampled_from(DTYPES),
@@ -88,17 +87,6 @@ items = st.dictionaries(
     st.builds(FieldElem, data=st.none() | nested, layout=layouts) | flat_fields(),
     max_size=4,
 )
-
-
-@settings(max_examples=100, deadline=None)
-@given(flat_fields(), st.integers(1, 50))
-def test_flat_slices_past_the_tensor_are_refused(elem, extra):
-    size = elem.data.shape[elem.layout.dim]
-    past = slice(0, size + extra)
-    cut = past if elem.layout.dim == 0 else (*(slice(None),) * elem.layout.dim, past)
-    bad = FieldElem(data=elem.data, layout=FlatLayout(slices=(cut,), dim=elem.layout.dim))
-    with pytest.raises(InvalidFieldLayout):
-        decode_item(encode_item({"x": bad}))
 
 
 @settings(max_examples=150, deadline=None)
