@@ -21,7 +21,7 @@ GENERATE_PORT ?= 8200
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit lint format bench-wire bench-render bench-generate run-render run-generate run demo clean
+.PHONY: help setup models test test-unit fuzz lint format bench-wire bench-render bench-generate run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + generate on 127.0.0.1 (tiny model unless MODEL=...), run the example, serve until Ctrl-C"
@@ -29,6 +29,7 @@ help:
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
 	@echo "make test        set up if needed, lint, then run the test suite"
 	@echo "make lint        ruff + mypy"
+	@echo "make fuzz        the request fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000)"
 	@echo "make models      build the tiny test models into .cache/models"
 	@echo "make bench-wire  wire codec throughput: ours (JSON, binary) vs vLLM's serde vs memcpy"
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
@@ -58,6 +59,10 @@ test: lint
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# The fuzz suites' long form (CI runs 150 mutants per route inside `make test`).
+fuzz: setup
+	TANDEM_FUZZ_COUNT=$${TANDEM_FUZZ_COUNT:-3000} $(PY) -m pytest -s tests/unit/generate/test_fuzz.py tests/unit/render/test_fuzz.py $(PYTEST_ARGS)
 
 bench-wire: setup
 	$(PY) -m tools.bench_wire

@@ -220,6 +220,8 @@ def _screen_part(part: Any, where: str, counter: list[int], refs: list[MediaRef]
     if not isinstance(part, dict):
         raise BadRequest(f"{where} must be an object", param="messages")
     kind = part.get("type")
+    if not isinstance(kind, str):
+        raise BadRequest(f"{where}.type must be a string", param="messages")
     if kind in _TEXT_PARTS:
         return part
     if "uuid" in part:

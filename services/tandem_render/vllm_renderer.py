@@ -269,6 +269,8 @@ def _validate(model: Any, body: dict[str, Any]) -> Any:
 
     try:
         return model.model_validate(body)
+    except VLLMClientError as exc:  # vLLM's own validators raise it from inside pydantic
+        raise _client_error(_first_arg(exc)) from None
     except ValidationError as exc:
         errors = exc.errors()
         if not errors:
