@@ -31,6 +31,7 @@ from tandem_wire import PlaceholderRange
 
 from .errors import EngineNotReady
 from .model_spec import ModelSpec, modality_spec
+from .vllm_plugin import register as register_weight_backend
 
 __all__ = ["Engine"]
 
@@ -46,6 +47,9 @@ class Engine:
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         check_upstream_names(["generate"])  # a vLLM upgrade fails here, not mid-request
+        # Also the plugin's job in every vLLM process; done here too for forked engine
+        # processes when the package's entry points are not installed.
+        register_weight_backend()
         self.llm = AsyncLLM.from_engine_args(
             seed_safe_engine_args(engine_args), usage_context=UsageContext.OPENAI_API_SERVER
         )

@@ -30,6 +30,9 @@ async def qwen2_engine(qwen2_dir, anyio_backend):
             max_num_seqs=8,
             max_logprobs=8,
             seed=0,
+            # The file weight-transfer backend (tests/unit/generate/test_weight_updates.py);
+            # tests that change the weights push the original ones back.
+            weight_transfer_config={"backend": "tandem_file"},
         )
     )
     yield engine
