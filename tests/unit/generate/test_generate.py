@@ -142,7 +142,8 @@ async def test_models_health_reset_and_metrics(app, qwen2_dir):
     async with app_client(app) as c:
         assert (await c.get("/health")).json() == {"status": "ok"}
         assert (await c.get("/v1/models")).json()["data"][0]["id"] == qwen2_dir
-        assert (await c.post("/reset_prefix_cache")).status_code == 200
+        # A state-changing route: refused with no key unless --enable-control-routes.
+        assert (await c.post("/reset_prefix_cache")).status_code == 403
         text = (await c.get("/metrics")).text
         assert "tandem_generate_requests" in text
         assert "vllm:num_requests_running{" in text  # the engine's own gauges, beside ours
