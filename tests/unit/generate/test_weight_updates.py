@@ -11,10 +11,11 @@ import shutil
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ...support.asgi import app_client
-from .helpers import GREEDY, generate_app, post, render, tokens
+from .helpers import GREEDY, client_stack, generate_app, post, render, tokens
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
 
@@ -208,3 +209,37 @@ async def test_server_info_and_world_size_answer_as_trl_reads_them(app):
         assert info["vllm_config"]["weight_transfer_config"] == {"backend": "tandem_file"}
         assert (await c.get("/get_world_size")).json() == {"world_size": 1}
         assert (await c.get("/is_paused")).json() == {"is_paused": False}
+
+
+async def test_the_client_updates_the_nodes_and_rollouts_name_the_version(
+    qwen2_engine, qwen2_renderer, qwen2_dir, weight_dir
+):
+    import tandem_client as tc
+
+    stack = client_stack(
+        qwen2_engine, qwen2_renderer, qwen2_dir, str(weight_dir), enable_control_routes=True
+    )
+    sampling = {"temperature": 0.0, "max_tokens": 6, "logprobs": None}
+    async with stack as client:
+        try:
+            before = await client.rollout(["a red square", "two cats"], **sampling)
+            assert before.versions() == ["default", "default"]
+            await client.update_weights(perturbed(qwen2_dir), version="step-1")  # torch bf16
+            assert list(weight_dir.iterdir()) == []  # the client removed its file
+            assert await client.weight_versions() == {"http://generate": "step-1"}
+            after = await client.rollout(["a red square", "two cats"], **sampling)
+            assert after.versions() == ["step-1", "step-1"]
+            assert after.as_dict()["weight_versions"][0] == [
+                {"version": "step-1", "start": 0, "end": 6}
+            ]
+            assert after.completion_ids != before.completion_ids
+            with pytest.raises(tc.WeightUpdateError) as refused:
+                await client.update_weights({"no.such.tensor": np.zeros(2)}, version="bad")
+            assert refused.value.type == "invalid_weight_update"
+            assert await client.weight_versions() == {"http://generate": "step-1"}
+            again = await client.rollout(["a red square", "two cats"], **sampling)
+            assert again.completion_ids == after.completion_ids
+        finally:
+            await client.update_weights(checkpoint(qwen2_dir), version="default")
+        restored_ = await client.rollout(["a red square", "two cats"], **sampling)
+        assert restored_.completion_ids == before.completion_ids
