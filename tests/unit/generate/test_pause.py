@@ -137,3 +137,17 @@ async def test_with_a_key_the_routes_are_served_behind_it(qwen2_engine, qwen2_di
         assert (await c.post("/pause", params={"mode": "abort"})).status_code == 200
         assert (await c.post("/resume")).status_code == 200
         assert (await c.get("/is_paused")).json() == {"is_paused": False}
+
+
+async def test_abort_requests_by_the_callers_id(app, qwen2_engine, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [1], **LONG)
+    async with app_client(app) as c:
+        running = asyncio.create_task(post(c, req))
+        await in_flight(qwen2_engine, 1)
+        r = await c.post("/abort_requests", json={"request_ids": ["someone-else"]})
+        assert r.json() == {"status": "aborted", "aborted": 0}
+        r = await c.post("/abort_requests", json={"request_ids": [req.request_id]})
+        assert r.json() == {"status": "aborted", "aborted": 1}
+        answer = await running
+        assert answer["choices"][0]["finish_reason"] == "abort"
+        assert len(tokens(answer)) < 600
