@@ -1,14 +1,16 @@
 """vLLM general plugin: registers the ``tandem_file`` weight-transfer backend in every process.
 
 vLLM runs ``vllm.general_plugins`` entry points in each of its processes (the engine core and
-its workers included, however they are started); the generate service also calls
-``register`` itself before it builds its engine, which covers forked engine processes even
-where the package metadata is not installed.
+its workers included; on CPU they are always spawned, so an entry point is the only way in).
+The entry point is declared in pyproject.toml and exists once the package is installed.
 """
 
 from __future__ import annotations
 
-__all__ = ["register"]
+__all__ = ["PLUGIN_NAME", "register"]
+
+PLUGIN_NAME = "tandem_weight_transfer"
+"""The entry point's name in pyproject.toml's ``vllm.general_plugins`` group."""
 
 
 def register() -> None:
