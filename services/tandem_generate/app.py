@@ -151,7 +151,8 @@ def create_app(
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request) -> Response:
         control(request)
-        return JSONResponse({"reset": await service(request).engine.reset_prefix_cache()})
+        # Upstream's answer (vLLM >= 0.26): false while requests are running.
+        return JSONResponse({"success": await service(request).engine.reset_prefix_cache()})
 
     # vLLM 0.32's RL routes (vllm/entrypoints/rl/online/api_router.py), same shapes.
     @app.post("/pause")
