@@ -51,9 +51,8 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._staged: dict[str, torch.Tensor] = {}
-        mc = self.model_config
-        self._spec = checkpoint_spec(model_folder(mc.model, mc.revision))
-        self._serving_dtypes = (str(mc.dtype).removeprefix("torch."),)
+        self._spec: dict[str, TensorSpec] | None = None  # read at the first update, not at start
+        self._serving_dtypes = (str(self.model_config.dtype).removeprefix("torch."),)
 
     def init_transfer_engine(self, init_info: FileInitInfo) -> None:
         pass
@@ -66,10 +65,14 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
         self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info: FileUpdateInfo) -> None:
+        if self._spec is None:
+            mc = self.model_config
+            self._spec = checkpoint_spec(model_folder(mc.model, mc.revision))
+        spec, dtypes = self._spec, self._serving_dtypes
         # Checked again here: the file may have changed since the API process read it.
-        check_update(read_header(update_info.path), self._spec, self._serving_dtypes)
+        check_update(read_header(update_info.path), spec, dtypes)
         tensors = load_file(update_info.path)  # copies out of the file: it may be replaced
-        check_update({n: _spec_of(t) for n, t in tensors.items()}, self._spec, self._serving_dtypes)
+        check_update({n: _spec_of(t) for n, t in tensors.items()}, spec, dtypes)
         self._staged.update(tensors)
 
     def finish_weight_update(self) -> None:
