@@ -112,6 +112,10 @@ async def test_streaming_matches_the_full_answer(app, qwen2_renderer, qwen2_dir)
     assert [e["token_id"] for e in lp] == streamed
     assert chunks[-1]["usage"]["completion_tokens"] == len(streamed)
     assert any(c["finish_reason"] == "length" for ch in chunks for c in ch["choices"])
+    # Weight versions ride the last chunk of each sample only, covering its whole output.
+    versions = [c["weight_versions"] for ch in chunks for c in ch["choices"]]
+    assert versions[-1] == [{"version": "default", "start": 0, "end": len(streamed)}]
+    assert all(v is None for v in versions[:-1])
 
 
 def _json_doc(req):
