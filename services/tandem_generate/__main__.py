@@ -34,9 +34,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     ours.add_argument("--port", type=int, default=8200, help="port to listen on")
     ours.add_argument(
         "--api-key",
+        nargs="+",
         default=None,  # the environment is read after parsing, so --help never shows the key
-        help="require `Authorization: Bearer KEY` on every route but /health; "
-        "$TANDEM_API_KEY sets the default",
+        help="require `Authorization: Bearer KEY` with one of these keys on every route but "
+        "/health (held items are kept per key); $TANDEM_API_KEY sets the default",
     )
     ours.add_argument(
         "--enable-control-routes",
@@ -71,6 +72,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         help="requests admitted (decoding, queued or running) before answering 429",
     )
     ours.add_argument(
+        "--allow-request-priority",
+        action="store_true",
+        help="honour the priority field of requests (otherwise every request runs at 0)",
+    )
+    ours.add_argument(
         "--item-cache-bytes",
         type=int,
         default=GenerateSettings.item_cache_bytes,
@@ -93,7 +99,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         served_model_names=names,
         host=args.host,
         port=args.port,
-        api_key=args.api_key or os.environ.get("TANDEM_API_KEY"),
+        api_key=tuple(args.api_key) if args.api_key else os.environ.get("TANDEM_API_KEY"),
         # vLLM's own --log-level (engine args) sets ours too.
         enable_control_routes=args.enable_control_routes,
         weight_transfer_dir=args.weight_transfer_dir,
@@ -102,6 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,
         item_cache_bytes=args.item_cache_bytes,
+        allow_request_priority=args.allow_request_priority,
         pretouch_item_cache=args.pretouch_item_cache,
     )
     return settings, engine_args

@@ -23,6 +23,7 @@ from tandem_http import (
     metrics_response,
     negotiate,
     pretouch,
+    principal_of,
     read_body,
     wire_response,
 )
@@ -106,9 +107,10 @@ def create_app(
         metrics.bytes_in.labels(in_fmt.name.lower()).inc(len(body))
         req = decode_generate_request(body, in_fmt, limits)
         svc = service(request)
+        principal = principal_of(request)
         if req.stream:
-            return HeldStreamingResponse(svc.stream(req), media_type="text/event-stream")
-        result = await svc.generate(req, request.is_disconnected)
+            return HeldStreamingResponse(svc.stream(req, principal), media_type="text/event-stream")
+        result = await svc.generate(req, request.is_disconnected, principal)
         if result is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         return wire_response(result, out_fmt)
@@ -129,9 +131,13 @@ def create_app(
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    # As ApiKeyMiddleware counts keys: empty strings are no key.
+    keys = [settings.api_key] if isinstance(settings.api_key, str) else settings.api_key or ()
+    keyed = any(keys)
+
     def control(request: Request) -> EngineControl:
         """For a state-changing control route: refused without an API key unless enabled."""
-        if not settings.api_key and not settings.enable_control_routes:
+        if not keyed and not settings.enable_control_routes:
             raise ControlRoutesDisabled(
                 "control routes need --api-key (or --enable-control-routes on a trusted network)"
             )

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from vllm.config import SchedulerConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
 from vllm.outputs import RequestOutput
 from vllm.platforms import current_platform
 from vllm.sampling_params import SamplingParams
@@ -23,6 +24,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from tandem_http import BadRequest
 from tandem_vllm.items import item_from_vllm, placeholder_from_vllm
 from tandem_vllm.prompts import engine_prompt
 from tandem_vllm.sampling import MaxTokensDefaults
@@ -64,6 +66,13 @@ class Engine:
         self.max_logprobs: int = mc.max_logprobs
         self.max_tokens_defaults = MaxTokensDefaults.from_model_config(mc)
         self.spec = probe_model(mc) if mc.is_multimodal_model else ModelSpec()
+        # --limit-mm-per-prompt, enforced by the service as vLLM's own server does (items
+        # arrive processed here, so vLLM's processor never counts them).
+        self.mm_limits: dict[str, int] = {
+            m: mc.multimodal_config.get_limit_per_prompt(m)
+            for m in self.spec.modalities
+            if mc.multimodal_config is not None
+        }
 
     def generate(
         self,
@@ -112,6 +121,10 @@ class Engine:
                 yield out
         except EngineDeadError:
             raise EngineNotReady("the engine died; this node is restarting") from None
+        except VLLMClientError as exc:
+            # vLLM's own verdict that the input is at fault; any other exception is a 500.
+            message = str(exc.args[0] if exc.args else type(exc).__name__)[:300]
+            raise BadRequest(message) from None
         finally:
             if step is not None and not step.done():
                 # Cancelled mid-wait: vLLM aborts the request when its generator is cancelled.

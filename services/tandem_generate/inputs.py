@@ -1,8 +1,9 @@
 """Wire features -> engine inputs: decode, check against the model, cache, and name items.
 
-An item's identity towards the engine (its encoder-cache and prefix-cache key) is a hash of its
-bytes and the tenant, never the caller's ``mm_hash`` alone: reusing someone's hash with other
-pixels yields another identity, so nobody can poison another request's caches.
+An item's identity towards the engine (its encoder-cache and prefix-cache key) and in the item
+store is its content id (``tandem_wire.content_id``: a hash of its bytes and the tenant), never
+the caller's ``mm_hash``: reusing someone's hash with other pixels yields another identity, so
+nobody can poison another request's caches or be served pixels they did not send.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import blake3
 import numpy as np
 
 from tandem_http import TokenOutOfVocabulary, TooManyItems
@@ -23,6 +23,7 @@ from tandem_wire import (
     ItemBytes,
     KwargsItem,
     PlaceholderRange,
+    content_id,
     decode_item,
 )
 
@@ -42,13 +43,6 @@ class EngineInputs:
     """Checked ranges, ``is_embed`` computed from the tokens (tandem_vllm converts them)."""
 
 
-def content_id(tenant: str, data: ItemBytes) -> str:
-    h = blake3.blake3(tenant.encode("utf-8"))
-    h.update(b"\x00")
-    h.update(data)
-    return h.hexdigest()
-
-
 class InputBuilder:
     """Checks one request's tokens and features and turns them into engine inputs."""
 
@@ -60,14 +54,21 @@ class InputBuilder:
         vocab_size: int,
         max_items: int,
         limits: DecodeLimits,
+        mm_limits: dict[str, int] | None = None,
     ) -> None:
         self.spec = spec
         self.store = store
         self.vocab_size = vocab_size
         self.max_items = max_items
         self.limits = limits
+        self.mm_limits = mm_limits or {}
 
-    def build(self, req: GenerateRequest[ItemBytes | None], tenant: str) -> EngineInputs:
+    def build(
+        self, req: GenerateRequest[ItemBytes | None], tenant: str, principal: str = ""
+    ) -> EngineInputs:
+        """``tenant`` (cache_salt) goes into content ids; held items are looked up and kept
+        per tenant and API key (``principal``), so no key resolves another key's items."""
+        scope = f"{principal}\x00{tenant}"
         ids = req.token_ids
         if max(ids) >= self.vocab_size:
             bad = next(t for t in ids if t >= self.vocab_size)
@@ -87,17 +88,25 @@ class InputBuilder:
             mspec = self.spec.modalities.get(modality)
             if mspec is None:
                 raise InvalidItem(f"this model takes no {modality[:32]!r} input")
+            limit = self.mm_limits.get(modality)
+            if limit is not None and len(hashes) > limit:
+                raise TooManyItems(
+                    f"At most {limit} {modality}(s) may be provided in one prompt "
+                    "(--limit-mm-per-prompt)",
+                    param=f"features.mm_hashes.{modality}",
+                )
             entries = (feats.kwargs_data or {}).get(modality) or [None] * len(hashes)
             stored_items = []
             for mm_hash, entry in zip(hashes, entries, strict=True):
                 if entry is None:
-                    stored = self.store.get(tenant, mm_hash)
+                    # A null's mm_hash is the content id of bytes its sender sent before.
+                    stored = self.store.get(scope, mm_hash)
                     if stored is None:
                         missing.setdefault(modality, []).append(mm_hash)
                         continue
                 else:
                     stored = self._decode(entry, mspec, tenant, modality)
-                    self.store.put(tenant, mm_hash, stored)
+                    self.store.put(scope, stored)
                 stored_items.append(stored)
             if modality in missing:
                 continue

@@ -46,7 +46,7 @@ class GenerateMetrics:
             ),
             item_cache_misses=Counter(
                 "tandem_generate_item_cache_misses",
-                "Null kwargs entries not held (or contested): answered 409, resend",
+                "Null kwargs entries not held: answered 409, resend",
                 registry=registry,
             ),
             bytes_in=Counter(

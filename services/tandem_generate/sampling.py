@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tandem_http import TokenOutOfVocabulary
 from tandem_vllm.sampling import (
     SamplingParamsRefused,
+    TokenIdsOutOfVocabulary,
     default_max_tokens,
     sampling_params_from_wire,
 )
@@ -22,12 +24,15 @@ __all__ = ["build_sampling_params", "default_max_tokens"]
 
 
 def build_sampling_params(
-    fields: dict[str, Any], *, stream: bool, max_n: int, max_logprobs: int
+    fields: dict[str, Any], *, stream: bool, max_n: int, max_logprobs: int, vocab_size: int
 ) -> SamplingParams:
-    """Validated ``SamplingParams``; every refusal is UnsupportedSamplingParams (400)."""
+    """Validated ``SamplingParams``; every refusal is a 400 (UnsupportedSamplingParams, or
+    TokenOutOfVocabulary for a token id the model does not have)."""
     try:
         return sampling_params_from_wire(
-            fields, stream=stream, max_n=max_n, max_logprobs=max_logprobs
+            fields, stream=stream, max_n=max_n, max_logprobs=max_logprobs, vocab_size=vocab_size
         )
+    except TokenIdsOutOfVocabulary as exc:
+        raise TokenOutOfVocabulary(exc.message, param=exc.param) from None
     except SamplingParamsRefused as exc:
         raise UnsupportedSamplingParams(exc.message, param=exc.param) from None

@@ -48,10 +48,11 @@ class GenerateService:
             vocab_size=engine.vocab_size,
             max_items=settings.max_items_per_prompt,
             limits=DecodeLimits(max_body_bytes=settings.max_body_bytes),
+            mm_limits=engine.mm_limits,
         )
 
     def _prepare(
-        self, req: GenerateRequest[ItemBytes | None], tenant: str
+        self, req: GenerateRequest[ItemBytes | None], principal: str
     ) -> tuple[Any, Any, int | None]:
         if req.model is not None and req.model not in self.settings.served_model_names:
             raise ModelNotFound(f"model {req.model[:80]!r} is not served here", param="model")
@@ -68,6 +69,7 @@ class GenerateService:
             stream=bool(req.stream),
             max_n=self.engine.max_num_seqs,
             max_logprobs=self.engine.max_logprobs,
+            vocab_size=self.engine.vocab_size,
         )
         if params.seed is not None and not self.engine.seeded_sampling_safe:
             raise UnsupportedSamplingParams(
@@ -89,7 +91,7 @@ class GenerateService:
                 f"context of {self.engine.max_model_len}",
                 param="sampling_params.max_tokens",
             )
-        inputs = self.builder.build(req, tenant)
+        inputs = self.builder.build(req, tenant_of(req), principal)
         return params, inputs, params.logprobs
 
     def _start(
@@ -102,16 +104,21 @@ class GenerateService:
             inputs.placeholders,
             params,
             engine_id,
-            priority=req.priority,
+            # Under priority scheduling a caller's priority jumps the queue: an operator choice.
+            priority=req.priority if self.settings.allow_request_priority else 0,
             cache_salt=req.cache_salt,
             reasoning_ended=req.reasoning_ended,
         )
 
     async def generate(
-        self, req: GenerateRequest[ItemBytes | None], disconnected: Disconnected
+        self,
+        req: GenerateRequest[ItemBytes | None],
+        disconnected: Disconnected,
+        principal: str = "",
     ) -> GenerateResponse | None:
-        """Run to completion; None if the client went away (the engine request is aborted)."""
-        params, inputs, top_n = self._prepare(req, tenant_of(req))
+        """Run to completion; None if the client went away (the engine request is aborted).
+        ``principal`` is the API key the request came with (``tandem_http.principal_of``)."""
+        params, inputs, top_n = self._prepare(req, principal)
         start = time.perf_counter()
         engine_id = engine_request_id(req)
         task = asyncio.ensure_future(_last(self._start(req, engine_id, params, inputs)))
@@ -140,9 +147,11 @@ class GenerateService:
             placeholders=req.features.mm_placeholders if req.features else None,
         )
 
-    def stream(self, req: GenerateRequest[ItemBytes | None]) -> AsyncIterator[bytes]:
+    def stream(
+        self, req: GenerateRequest[ItemBytes | None], principal: str = ""
+    ) -> AsyncIterator[bytes]:
         """Check now (errors become proper HTTP answers); return the SSE body."""
-        params, inputs, top_n = self._prepare(req, tenant_of(req))
+        params, inputs, top_n = self._prepare(req, principal)
         return self._stream(req, params, inputs, top_n)
 
     async def _stream(
@@ -194,8 +203,8 @@ def engine_request_id(req: GenerateRequest[Any]) -> str:
 
 
 def tenant_of(req: GenerateRequest[Any]) -> str:
-    """Whose items a request may resolve: cache_salt separates tenants (as it does for the
-    engine's prefix cache), so one tenant's hashes never resolve to another's items."""
+    """The tenant a request names: its cache_salt (as for the engine's prefix cache). Content
+    ids are computed with it; held items are scoped by it and by the caller's API key."""
     return req.cache_salt or ""
 
 

@@ -16,7 +16,7 @@ class GenerateSettings:
 
     host: str = "127.0.0.1"
     port: int = 8200
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     """When set, every route but /health needs ``Authorization: Bearer <key>``."""
 
     enable_control_routes: bool = False
@@ -36,6 +36,10 @@ class GenerateSettings:
 
     max_pending: int = 256
     """Requests admitted (decoding, queued or running) before answering 429."""
+
+    allow_request_priority: bool = False
+    """Honour the ``priority`` a request sets (with ``--scheduling-policy priority`` a caller
+    could otherwise put itself ahead of everyone); off: every request runs at priority 0."""
 
     item_cache_bytes: int = 2 * 1024 * 1024 * 1024
     """Bytes of decoded items kept for null ``kwargs_data`` entries (per tenant and hash)."""

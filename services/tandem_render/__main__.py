@@ -64,9 +64,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     )
     p.add_argument(
         "--api-key",
+        nargs="+",
         default=None,  # the environment is read after parsing, so --help never shows the key
-        help="require `Authorization: Bearer KEY` on every route but /health "
-        "(default: $TANDEM_API_KEY, else no key)",
+        help="require `Authorization: Bearer KEY` with one of these keys on every route but "
+        "/health (default: $TANDEM_API_KEY, else no key)",
     )
     p.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
     p.add_argument(
@@ -131,6 +132,17 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         nargs="*",
         help="keys a request may set in `mm_processor_kwargs` (default: "
         f"{' '.join(RenderSettings.mm_processor_kwargs_allowlist)})",
+    )
+    p.add_argument(
+        "--max-kwargs-pixels",
+        type=int,
+        help="largest min_pixels/max_pixels a request may set in mm_processor_kwargs "
+        "(default: the model's own max_pixels)",
+    )
+    p.add_argument(
+        "--max-kwargs-frames",
+        type=int,
+        help="largest num_frames a request may set (default: the video processor's max_frames)",
     )
     p.add_argument(
         "--allowed-media-domains",

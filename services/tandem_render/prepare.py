@@ -11,13 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem_http import BadRequest, TokenOutOfVocabulary, TooManyItems
+from tandem_http import BadRequest, PromptTooLong, TokenOutOfVocabulary, TooManyItems
 
 __all__ = [
     "MEDIA_URL_PREFIX",
     "MediaRef",
     "PreparedChat",
     "PreparedCompletion",
+    "ProcessorFacts",
     "RequestLimits",
     "prepare_chat",
     "prepare_completion",
@@ -33,6 +34,24 @@ _MEDIA_PARTS = {"image_url": "image", "video_url": "video", "image": "image", "v
 _BYTES_PARTS = {"image_bytes": "image", "video_bytes": "video"}
 
 
+_FPS_BOUND = 240
+"""Largest ``fps`` a request may ask for; frames sampled are capped by ``num_frames``'s bound."""
+
+
+@dataclass(frozen=True)
+class ProcessorFacts:
+    """What the model's own processor allows, read from its configuration (None: not stated)."""
+
+    max_pixels: int | None = None
+    """The image processor's largest resize target (Qwen-VL's ``max_pixels``)."""
+
+    pixels_per_token: int | None = None
+    """Pixels behind one placeholder token ((patch size x merge size) squared)."""
+
+    max_frames: int | None = None
+    """The video processor's most sampled frames."""
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     """The per-request bounds screened here."""
@@ -40,7 +59,39 @@ class RequestLimits:
     max_images: int
     max_videos: int
     mm_kwargs_allowlist: frozenset[str]
-    max_image_pixels: int
+    max_kwargs_pixels: int
+    """Largest ``min_pixels`` / ``max_pixels`` a request may ask for."""
+    max_kwargs_frames: int = 768
+    """Largest ``num_frames`` a request may ask for."""
+    pixels_per_token: int | None = None
+    """From the processor: lets ``min_pixels`` be checked against the context before work."""
+    max_model_len: int | None = None
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        max_images: int,
+        max_videos: int,
+        allowlist: frozenset[str],
+        facts: ProcessorFacts,
+        max_model_len: int | None,
+        max_kwargs_pixels: int | None = None,
+        max_kwargs_frames: int | None = None,
+        max_image_pixels: int,
+    ) -> RequestLimits:
+        """Operator bounds where given, else the model's own: a request can ask for less work
+        than the model's defaults, never more."""
+        pixels = max_kwargs_pixels or facts.max_pixels or max_image_pixels
+        return cls(
+            max_images=max_images,
+            max_videos=max_videos,
+            mm_kwargs_allowlist=allowlist,
+            max_kwargs_pixels=min(pixels, max_image_pixels),
+            max_kwargs_frames=max_kwargs_frames or facts.max_frames or 768,
+            pixels_per_token=facts.pixels_per_token,
+            max_model_len=max_model_len,
+        )
 
 
 @dataclass(frozen=True)
@@ -101,12 +152,38 @@ def _check_common(body: Mapping[str, Any], limits: RequestLimits) -> None:
                 f"mm_processor_kwargs.{str(key)[:40]} is not allowed (allowed: {allowed})",
                 param="mm_processor_kwargs",
             )
-        bound = limits.max_image_pixels if key.endswith("pixels") else 10_000
+        bound = _kwarg_bound(key, limits)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= bound:
             raise BadRequest(
                 f"mm_processor_kwargs.{key} must be a number in (0, {bound}]",
                 param="mm_processor_kwargs",
             )
+
+
+def _kwarg_bound(key: str, limits: RequestLimits) -> int:
+    if key.endswith("pixels"):
+        return limits.max_kwargs_pixels
+    if key.endswith("frames"):
+        return limits.max_kwargs_frames
+    if key == "fps":
+        return _FPS_BOUND
+    return 10_000  # an operator-allowed key we know nothing of: still a bounded number
+
+
+def _check_implied_grid(body: Mapping[str, Any], images: int, limits: RequestLimits) -> None:
+    """Refuse, before any pixel is processed, images that ``min_pixels`` would enlarge past the
+    context: each one becomes at least ``min_pixels / pixels_per_token`` placeholder tokens."""
+    kwargs = body.get("mm_processor_kwargs") or {}
+    min_pixels = kwargs.get("min_pixels")
+    if not images or not min_pixels or not limits.pixels_per_token or not limits.max_model_len:
+        return
+    at_least = images * int(min_pixels // limits.pixels_per_token)
+    if at_least > limits.max_model_len:
+        raise PromptTooLong(
+            f"mm_processor_kwargs.min_pixels={int(min_pixels)} makes {images} image(s) at least "
+            f"{at_least} tokens, more than the context ({limits.max_model_len})",
+            param="mm_processor_kwargs",
+        )
 
 
 def prepare_chat(body: Any, limits: RequestLimits) -> PreparedChat:
@@ -133,6 +210,7 @@ def prepare_chat(body: Any, limits: RequestLimits) -> PreparedChat:
             parts.append(_screen_part(part, where, counter, refs))
         out_messages.append({**message, "content": parts})
     _check_counts(refs, limits)
+    _check_implied_grid(body, sum(r.modality == "image" for r in refs), limits)
     return PreparedChat(body={**body, "messages": out_messages}, media=refs)
 
 
@@ -195,6 +273,7 @@ def prepare_completion(body: Any, limits: RequestLimits, vocab_size: int) -> Pre
             _media_ref(counter, "image", src, f"images[{i}][{j}]") for j, src in enumerate(entry)
         ]
         _check_counts(refs, limits)
+        _check_implied_grid(body, len(refs), limits)
         per_prompt.append(refs or None)
     return PreparedCompletion(body=rest, images=per_prompt)
 

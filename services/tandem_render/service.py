@@ -16,7 +16,7 @@ from tandem_wire import GenerateRequest, WireFormat, decode_document
 from .caches import ItemCache, new_answer_cache
 from .media import MediaLoader
 from .metrics import RenderMetrics
-from .prepare import MediaRef, RequestLimits, prepare_chat, prepare_completion
+from .prepare import MediaRef, ProcessorFacts, RequestLimits, prepare_chat, prepare_completion
 from .settings import RenderSettings
 
 __all__ = ["Renderer", "RenderService"]
@@ -27,6 +27,7 @@ class Renderer(Protocol):
 
     vocab_size: int
     max_model_len: int
+    processor_facts: ProcessorFacts
 
     async def render_chat(
         self, body: dict[str, Any], media: Mapping[str, bytes], encode: Any, decoded: Any
@@ -57,10 +58,14 @@ class RenderService:
         self.renderer = renderer
         self.loader = loader
         self.metrics = metrics
-        self.limits = RequestLimits(
+        self.limits = RequestLimits.build(
             max_images=settings.max_images_per_prompt,
             max_videos=settings.max_videos_per_prompt,
-            mm_kwargs_allowlist=frozenset(settings.mm_processor_kwargs_allowlist),
+            allowlist=frozenset(settings.mm_processor_kwargs_allowlist),
+            facts=renderer.processor_facts,
+            max_model_len=renderer.max_model_len,
+            max_kwargs_pixels=settings.max_kwargs_pixels,
+            max_kwargs_frames=settings.max_kwargs_frames,
             max_image_pixels=settings.max_image_pixels,
         )
         self.items = ItemCache(settings.item_cache_bytes, len)

@@ -55,7 +55,7 @@ class RenderSettings:
     thread rather than in thread pools: workers are the parallelism, and thread hand-offs
     cost CPU (measured ~2 ms per request). I/O (media fetches) stays asynchronous."""
 
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     """When set, every route but /health needs ``Authorization: Bearer <key>``."""
 
     log_level: str = "info"
@@ -96,6 +96,14 @@ class RenderSettings:
 
     mm_processor_kwargs_allowlist: tuple[str, ...] = DEFAULT_MM_KWARGS_ALLOWLIST
     """Keys a request may set in ``mm_processor_kwargs``."""
+
+    max_kwargs_pixels: int | None = None
+    """Largest ``min_pixels`` / ``max_pixels`` a request may set; by default the model's own
+    ``max_pixels`` (a request may ask for less work than the model's default, never more)."""
+
+    max_kwargs_frames: int | None = None
+    """Largest ``num_frames`` a request may set; by default the video processor's own
+    ``max_frames``."""
 
     allowed_media_domains: tuple[str, ...] | None = None
     """If set, http(s) media only from these domains (and their subdomains)."""

@@ -37,6 +37,7 @@ from tandem_wire import GenerateRequest, TandemHTTPError
 
 from .inline import InlineExecutor
 from .media_connector import DecodedCache, decode_media, decoded_size, register_connector
+from .prepare import ProcessorFacts
 from .render_call import PromptMedia, RenderCall, bound, current
 from .settings import RenderSettings
 
@@ -46,6 +47,14 @@ ItemEncoder = Callable[[str, Any], bytes]
 """(mm_hash, vLLM kwargs item) -> encoded item bytes; lets the caller cache by hash."""
 
 _CONTEXT_LENGTH = re.compile(r"context length", re.IGNORECASE)
+_INPUT_ERRORS = [
+    _CONTEXT_LENGTH,
+    # The prompt's placeholders do not match its media (e.g. fewer image tokens than images
+    # in a token-id prompt): vLLM's processor asserts or raises RuntimeError.
+    re.compile(r"^Failed to apply prompt replacement"),
+    re.compile(r"^Expected there to be \d+ prompt (updates|placeholders)"),
+]
+"""vLLM's messages for input errors raised as plain ValueError/TypeError/AssertionError."""
 _EMPTY_FEATURES = UpstreamFeatures(mm_hashes={}, mm_placeholders={})
 
 
@@ -132,6 +141,7 @@ class EngineRenderer:
         self.max_model_len: int = model_config.max_model_len
         self.vocab_size: int = len(self.online.renderer.get_tokenizer())
         self.is_multimodal: bool = bool(model_config.is_multimodal_model)
+        self.processor_facts = _processor_facts(renderer.mm_processor)
 
     def load_image(self, data: bytes, decoded: DecodedCache | None = None) -> Any:
         """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
@@ -182,6 +192,38 @@ class EngineRenderer:
         return generate_request_to_wire(req, features)
 
 
+def _first_arg(exc: BaseException) -> str:
+    # The message alone: vLLM appends the offending value to str(exc).
+    return str(exc.args[0] if exc.args else type(exc).__name__)[:300]
+
+
+def _client_error(message: str) -> TandemHTTPError:
+    if _CONTEXT_LENGTH.search(message):
+        return PromptTooLong(message)
+    return BadRequest(message)
+
+
+def _processor_facts(mm_processor: Any) -> ProcessorFacts:
+    """The resize bounds of the model's HF image and video processors, where they state them."""
+    if mm_processor is None:
+        return ProcessorFacts()
+    hf = mm_processor.info.get_hf_processor()
+    image = getattr(hf, "image_processor", None)
+    video = getattr(hf, "video_processor", None)
+    size = getattr(image, "size", None)
+    max_pixels = getattr(image, "max_pixels", None) or getattr(size, "longest_edge", None)
+    patch, merge = getattr(image, "patch_size", None), getattr(image, "merge_size", None)
+    per_token = (patch * merge) ** 2 if isinstance(patch, int) and isinstance(merge, int) else None
+    # Only Qwen-style "longest_edge" is a pixel count; other processors use it for a side.
+    is_pixel_count = isinstance(max_pixels, int) and per_token is not None
+    frames = getattr(video, "max_frames", None)
+    return ProcessorFacts(
+        max_pixels=max_pixels if is_pixel_count else None,
+        pixels_per_token=per_token,
+        max_frames=frames if isinstance(frames, int) else None,
+    )
+
+
 def _run_inline(renderer: Any) -> None:
     """Run the renderer's tokenizer, chat template and multimodal steps on the calling thread.
 
@@ -224,17 +266,18 @@ async def _call(awaitable: Any) -> Any:
         result = await awaitable
     except TandemHTTPError:
         raise
-    except AssertionError as exc:
-        # vLLM's processor asserts on prompts whose placeholders do not match their media
-        # (e.g. fewer image tokens than images); for us that is the caller's input.
-        message = str(exc)[:200] or "prompt and media do not match"
-        raise BadRequest(f"the prompt does not match its media: {message}") from None
-    except (VLLMClientError, ValueError, TypeError, NotImplementedError) as exc:
-        # The message alone: vLLM appends the offending value to str(exc).
-        message = str(exc.args[0] if exc.args else type(exc).__name__)[:300]
-        if _CONTEXT_LENGTH.search(message):
-            raise PromptTooLong(message) from None
-        raise BadRequest(message) from None
+    except VLLMClientError as exc:
+        raise _client_error(_first_arg(exc)) from None
+    except (ValueError, TypeError, AssertionError, RuntimeError, NotImplementedError) as exc:
+        # vLLM raises these for bad input and for its own bugs alike: only the input errors
+        # named in _INPUT_ERRORS are the caller's (a 400); the rest are a 500 whose body says
+        # nothing of the internals (the traceback goes to the log under the request id).
+        message = _first_arg(exc)
+        if not any(p.search(message) for p in _INPUT_ERRORS):
+            raise
+        if isinstance(exc, (AssertionError, RuntimeError)):
+            message = f"the prompt does not match its media: {message}"
+        raise _client_error(message) from None
     if isinstance(result, ErrorResponse):
         err = result.error
         if err.code == 404:

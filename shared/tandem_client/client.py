@@ -18,6 +18,7 @@ from tandem_wire import (
     GenerateRequest,
     GenerateResponse,
     WireFormat,
+    content_id,
     decode_document,
     decode_generate_request,
     decode_generate_requests,
@@ -292,14 +293,16 @@ class AsyncTandemClient:
     ) -> GenerateResponse:
         held = self._held[url]
         tenant = request.cache_salt or ""
-        skip = {k for k in _item_keys(request, tenant) if k in held}
+        ids = _content_ids(request, tenant)
+        keys = _keys(ids, tenant)
+        skip = {k for k in keys if k in held}
         for _ in range(3):
             fmt = self.fmt
             if raw is not None and not skip:
                 # Render's answer goes on byte for byte: nothing to hold back, nothing changed.
                 body, fmt = raw.content, self._answer_format(raw)
             else:
-                body = encode_generate_request(_without(request, skip, tenant), self.fmt)
+                body = encode_generate_request(_without(request, ids, skip, tenant), self.fmt)
             try:
                 r = await self._post(f"{url}/inference/v1/generate", body, fmt, failover=True)
             except CacheMissError as exc:
@@ -310,7 +313,7 @@ class AsyncTandemClient:
                     raise  # it lacks items we did not hold back: nothing to resend
                 skip -= missing
                 continue
-            for key in _item_keys(request, tenant):
+            for key in keys:
                 held.add(key)
             return decode_document(r.content, GenerateResponse, self._answer_format(r))
         raise ServerError(
@@ -472,31 +475,41 @@ def _error_body(r: httpx.Response) -> Any:
         return None
 
 
-def _item_keys(request: GenerateRequest[Any], tenant: str) -> set[tuple[str, str]]:
+ContentIds = dict[str, list[str | None]]
+"""Per modality, parallel to ``mm_hashes``: each item's content id, None where no data."""
+
+
+def _content_ids(request: GenerateRequest[Any], tenant: str) -> ContentIds:
     feats = request.features
     if feats is None or feats.kwargs_data is None:
-        return set()
+        return {}
     return {
-        (tenant, h)
-        for m, hashes in feats.mm_hashes.items()
-        for h, data in zip(hashes, feats.kwargs_data.get(m, []), strict=False)
-        if data is not None
+        m: [None if d is None else content_id(tenant, d) for d in data]
+        for m, data in feats.kwargs_data.items()
     }
+
+
+def _keys(ids: ContentIds, tenant: str) -> set[tuple[str, str]]:
+    """The (tenant, content id) keys a generate node holds the items by once it has them."""
+    return {(tenant, cid) for cids in ids.values() for cid in cids if cid is not None}
 
 
 def _without(
-    request: GenerateRequest[Any], skip: set[tuple[str, str]], tenant: str
+    request: GenerateRequest[Any], ids: ContentIds, skip: set[tuple[str, str]], tenant: str
 ) -> GenerateRequest[Any]:
+    """The request with the items in ``skip`` sent as null entries named by content id."""
     feats = request.features
     if not skip or feats is None or feats.kwargs_data is None:
         return request
-    kwargs: Mapping[str, list[Any]] = {
-        m: [
-            None if (tenant, h) in skip else d
-            for h, d in zip(feats.mm_hashes[m], data, strict=True)
+    hashes = dict(feats.mm_hashes)
+    kwargs: dict[str, list[Any]] = {}
+    for m, data in feats.kwargs_data.items():
+        held = [cid is not None and (tenant, cid) in skip for cid in ids[m]]
+        hashes[m] = [
+            cid if h and cid is not None else mm_hash
+            for mm_hash, cid, h in zip(feats.mm_hashes[m], ids[m], held, strict=True)
         ]
-        for m, data in feats.kwargs_data.items()
-    }
+        kwargs[m] = [None if h else d for d, h in zip(data, held, strict=True)]
     # mm_metadata only matters with encoder-cache transfer; drop it with the data it describes.
-    new = msgspec.structs.replace(feats, kwargs_data=dict(kwargs), mm_metadata=None)
+    new = msgspec.structs.replace(feats, mm_hashes=hashes, kwargs_data=kwargs, mm_metadata=None)
     return msgspec.structs.replace(request, features=new)

@@ -1,7 +1,7 @@
 """tandem_http: HTTP plumbing shared by the render and generate services (no vLLM, no torch)."""
 
 from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted
-from .auth import ApiKeyMiddleware
+from .auth import ApiKeyMiddleware, principal_of
 from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_response
 from .errors import (
     BadRequest,
@@ -52,6 +52,7 @@ __all__ = [
     "negotiate",
     "prepare_multiprocess_dir",
     "pretouch",
+    "principal_of",
     "read_body",
     "request_id_of",
     "run_server",

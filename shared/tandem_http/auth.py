@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -13,42 +15,60 @@ from tandem_wire import error_types, format_for_accept, new_request_id
 from .errors import error_body
 from .request_id import REQUEST_ID_HEADER
 
-__all__ = ["ApiKeyMiddleware"]
+__all__ = ["ApiKeyMiddleware", "principal_of"]
+
+_PRINCIPAL = "tandem_principal"
+
+
+def principal_of(scope_or_request: Any) -> str:
+    """Which API key a request was let in with: a digest of it (never the key), or "" when the
+    server has no keys. Services scope what callers leave behind (held items) by it."""
+    scope = getattr(scope_or_request, "scope", scope_or_request)
+    return str(scope.get("state", {}).get(_PRINCIPAL, ""))
 
 
 class ApiKeyMiddleware:
-    """Pure ASGI middleware: requires ``Authorization: Bearer <api_key>`` when a key is set.
+    """Pure ASGI middleware: requires ``Authorization: Bearer <key>`` with one of the keys when
+    any is set, and records which one (``principal_of``).
 
-    With no key (``None`` or ``""``) every request passes. Paths in ``open_paths`` are matched
-    exactly. Add it before RequestIdMiddleware so that 401 answers carry the request id.
+    With no key (``None``, ``""`` or no keys) every request passes. Paths in ``open_paths`` are
+    matched exactly. Add it before RequestIdMiddleware so that 401 answers carry the request id.
     """
 
     def __init__(
         self,
         app: ASGIApp,
-        api_key: str | None,
+        api_key: str | Sequence[str] | None,
         open_paths: Iterable[str] = ("/health",),
     ) -> None:
         self.app = app
-        self._key = api_key.encode("utf-8") if api_key else None
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+        self._keys = [(k.encode("utf-8"), _digest(k)) for k in keys if k]
         self._open_paths = frozenset(open_paths)
 
-    @staticmethod
-    def _authorized(scope: Scope, key: bytes) -> bool:
+    def _principal(self, scope: Scope) -> str | None:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
-                # Compared as bytes in constant time, so the answer time leaks nothing of the key.
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
-        return False
+                if scheme.lower() != b"bearer":
+                    return None
+                found = None
+                # Every key compared as bytes in constant time, so the answer time leaks
+                # nothing of the keys nor of which one matched.
+                for key, principal in self._keys:
+                    if hmac.compare_digest(token.strip(), key):
+                        found = principal
+                return found
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self._key is None
-            or scope["type"] not in ("http", "websocket")
-            or scope["path"] in self._open_paths
-            or self._authorized(scope, self._key)
-        ):
+        if not self._keys or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        principal = self._principal(scope)
+        if principal is not None or scope["path"] in self._open_paths:
+            if principal is not None:
+                scope.setdefault("state", {})[_PRINCIPAL] = principal
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -71,3 +91,7 @@ class ApiKeyMiddleware:
         ]
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]

@@ -27,6 +27,20 @@ log = logging.getLogger("tandem")
 
 _GRACE_S = 30
 _RESTART_BACKOFF_S = 1.0
+"""The first restart's delay; each further failed start doubles it."""
+_HEALTHY_AFTER_S = 30.0
+"""A worker alive this long counts as started: its next exit restarts the backoff."""
+_MAX_FAILED_STARTS = 5
+"""Consecutive failed starts of one worker before the server gives up (a worker that cannot
+import or build its app would otherwise restart forever)."""
+
+
+class PortInUse(RuntimeError):
+    """Another process listens on the address."""
+
+
+class WorkersFailing(RuntimeError):
+    """A worker keeps dying right after it starts."""
 
 
 def _config(app_factory: str, log_level: str) -> uvicorn.Config:
@@ -50,6 +64,23 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _claim(host: str, port: int) -> socket.socket:
+    """Bind the address exclusively (so a port another server holds is refused, even one that
+    listens with ``SO_REUSEPORT``), then open it to this server's own workers."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"{host}:{port} is in use by another process ({exc.strerror})") from None
+    # Joining the port group after an exclusive bind: workers (same user) may bind it too,
+    # a second server's claim still fails. Never listened on, so it takes no connections.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    return sock
+
+
 def _worker(app_factory: str, host: str, port: int, log_level: str) -> None:
     sock = _listen(host, port)
     uvicorn.Server(_config(app_factory, log_level)).run(sockets=[sock])
@@ -69,7 +100,9 @@ def run_server(
     ``env`` goes into ``os.environ`` first: worker processes import and call the factory
     themselves, so environment variables (e.g. serialized settings) are how the factory gets its
     configuration. On SIGTERM workers stop accepting connections and give in-flight requests up
-    to 30 s to finish; a worker that dies on its own is restarted.
+    to 30 s to finish; a worker that dies on its own is restarted, with a growing delay, and
+    the server exits (status 1, the reason on stderr) when one keeps dying right after it
+    starts or when another process holds the port.
     """
     os.environ.update(env)
     own_metrics_dir: Path | None = None
@@ -86,6 +119,8 @@ def run_server(
             uvicorn.Server(config).run()
         else:
             _supervise(app_factory, host, port, workers, log_level)
+    except (PortInUse, WorkersFailing) as exc:
+        raise SystemExit(f"tandem: {exc}") from None
     finally:
         if own_metrics_dir is not None:
             shutil.rmtree(own_metrics_dir, ignore_errors=True)
@@ -100,9 +135,9 @@ def _supervise(app_factory: str, host: str, port: int, workers: int, log_level: 
         nonlocal stopping
         stopping = True
 
+    # Held for the server's life: a port in use fails the launch, not every worker.
+    claim = _claim(host, port)
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    # Probe the address once here, so a port in use fails the launch instead of every worker.
-    _listen(host, port).close()
 
     def start(i: int) -> multiprocessing.process.BaseProcess:
         p = ctx.Process(
@@ -112,16 +147,40 @@ def _supervise(app_factory: str, host: str, port: int, workers: int, log_level: 
         return p
 
     procs = [start(i) for i in range(workers)]
+    started_at = [time.monotonic()] * workers
+    failed_starts = [0] * workers
+    restart_at: list[float | None] = [None] * workers
     try:
         while not stopping:
             time.sleep(0.2)
+            now = time.monotonic()
             for i, p in enumerate(procs):
-                if p.exitcode is not None and not stopping:
-                    log.error("worker %d (pid %s) exited with %s; restarting", i, p.pid, p.exitcode)
-                    mark_process_dead(p.pid or 0)
-                    time.sleep(_RESTART_BACKOFF_S)
-                    procs[i] = start(i)
+                if restart_at[i] is not None:
+                    if now >= (restart_at[i] or 0.0):
+                        restart_at[i] = None
+                        procs[i], started_at[i] = start(i), now
+                    continue
+                if p.exitcode is None or stopping:
+                    continue
+                mark_process_dead(p.pid or 0)
+                lived = now - started_at[i]
+                failed_starts[i] = failed_starts[i] + 1 if lived < _HEALTHY_AFTER_S else 1
+                if failed_starts[i] >= _MAX_FAILED_STARTS:
+                    raise WorkersFailing(
+                        f"worker {i} died {failed_starts[i]} times in a row right after "
+                        f"starting (last exit status {p.exitcode}); giving up"
+                    )
+                delay = _RESTART_BACKOFF_S * 2 ** (failed_starts[i] - 1)
+                log.error(
+                    "worker %d (pid %s) exited with %s; restarting in %.0f s",
+                    i,
+                    p.pid,
+                    p.exitcode,
+                    delay,
+                )
+                restart_at[i] = now + delay
     finally:
+        claim.close()
         for p in procs:
             if p.is_alive():
                 p.terminate()  # SIGTERM: uvicorn finishes in-flight requests

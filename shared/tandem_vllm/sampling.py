@@ -14,6 +14,7 @@ __all__ = [
     "IGNORED_FIELDS",
     "MaxTokensDefaults",
     "SamplingParamsRefused",
+    "TokenIdsOutOfVocabulary",
     "default_max_tokens",
     "sampling_params_from_wire",
     "sampling_params_to_wire",
@@ -111,6 +112,13 @@ def default_max_tokens(defaults: MaxTokensDefaults, prompt_len: int) -> int:
     )
 
 
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_BAD_WORDS = 1024
+MAX_BAD_WORD_CHARS = 1024
+_TOKEN_ID_LISTS = ("stop_token_ids", "allowed_token_ids", "logprob_token_ids")
+
+
 class SamplingParamsRefused(ValueError):
     """Wire sampling fields that cannot become ``SamplingParams``; ``param`` names the field.
 
@@ -123,11 +131,23 @@ class SamplingParamsRefused(ValueError):
         self.param = param
 
 
+class TokenIdsOutOfVocabulary(SamplingParamsRefused):
+    """A token id in a sampling field (``allowed_token_ids``, ``logit_bias``...) that the
+    model's vocabulary does not have."""
+
+
 def sampling_params_from_wire(
-    fields: dict[str, Any], *, stream: bool, max_n: int, max_logprobs: int
+    fields: dict[str, Any],
+    *,
+    stream: bool,
+    max_n: int,
+    max_logprobs: int,
+    vocab_size: int | None = None,
 ) -> SamplingParams:
     """Validated ``SamplingParams`` for the wire's ``sampling_params`` map, through
-    ``ALLOWED_FIELDS``; every refusal is ``SamplingParamsRefused``."""
+    ``ALLOWED_FIELDS``; every refusal is ``SamplingParamsRefused``. With ``vocab_size``, every
+    token id the fields name is checked against the vocabulary (vLLM's engine would fail on
+    one outside it, or index past its logits)."""
     unknown = set(fields) - ALLOWED_FIELDS - IGNORED_FIELDS
     if unknown:
         shown = ", ".join(sorted(str(k)[:40] for k in unknown)[:5])
@@ -135,6 +155,9 @@ def sampling_params_from_wire(
             f"sampling_params fields not accepted here: {shown}", param="sampling_params"
         )
     given = {k: v for k, v in fields.items() if k in ALLOWED_FIELDS}
+    if isinstance(given.get("logit_bias"), dict):
+        # JSON object keys are strings: render's own logit_bias arrives as {"123": 1.5}.
+        given["logit_bias"] = _int_keys(given["logit_bias"])
     try:
         params = msgspec.convert(given, SamplingParams)
     except (msgspec.ValidationError, VLLMClientError, ValueError, TypeError) as exc:
@@ -150,5 +173,55 @@ def sampling_params_from_wire(
             raise SamplingParamsRefused(
                 f"{name} must be at most {max_logprobs}", param=f"sampling_params.{name}"
             )
+    _check_bounds(params, vocab_size)
     params.output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
     return params
+
+
+def _int_keys(bias: dict[Any, Any]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key, value in bias.items():
+        if isinstance(key, str):
+            try:
+                key = int(key)
+            except ValueError:
+                raise SamplingParamsRefused(
+                    f"logit_bias keys must be token ids, not {key[:24]!r}",
+                    param="sampling_params.logit_bias",
+                ) from None
+        out[key] = value
+    return out
+
+
+def _check_bounds(params: SamplingParams, vocab_size: int | None) -> None:
+    """Every list and string a caller can set has a bound; every token id is in the vocab."""
+    stops = params.stop if isinstance(params.stop, list) else [params.stop] if params.stop else []
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise SamplingParamsRefused(
+            f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters",
+            param="sampling_params.stop",
+        )
+    words = params.bad_words or []
+    if len(words) > MAX_BAD_WORDS or any(len(w) > MAX_BAD_WORD_CHARS for w in words):
+        raise SamplingParamsRefused(
+            f"at most {MAX_BAD_WORDS} bad_words of at most {MAX_BAD_WORD_CHARS} characters",
+            param="sampling_params.bad_words",
+        )
+    if vocab_size is None:
+        return
+    lists: list[tuple[str, Any]] = [(n, getattr(params, n, None)) for n in _TOKEN_ID_LISTS]
+    lists.append(("logit_bias", list((params.logit_bias or {}).keys())))
+    for name, ids in lists:
+        if not ids:
+            continue
+        if len(ids) > vocab_size:
+            raise SamplingParamsRefused(
+                f"{name} has more entries than the vocabulary ({vocab_size})",
+                param=f"sampling_params.{name}",
+            )
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size:
+                raise TokenIdsOutOfVocabulary(
+                    f"{name}: token id {str(t)[:24]} is outside the vocabulary (size {vocab_size})",
+                    param=f"sampling_params.{name}",
+                )

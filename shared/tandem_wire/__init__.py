@@ -13,6 +13,7 @@ from .codec import (
     encode_item,
     encode_item_b64,
 )
+from .content_ids import content_id
 from .documents import (
     JSON_CONTENT_TYPE,
     MSGPACK_CONTENT_TYPE,
@@ -118,6 +119,7 @@ __all__ = [
     "WireFormat",
     "b64decode_item_bytes",
     "check_features",
+    "content_id",
     "decode_document",
     "decode_generate_request",
     "decode_generate_requests",

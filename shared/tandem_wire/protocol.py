@@ -40,6 +40,11 @@ ItemT = TypeVar("ItemT")
 
 NonNegInt = Annotated[int, Meta(ge=0)]
 TokenId = Annotated[int, Meta(ge=0)]
+# Every string from the wire has a bound (vLLM's own ids and hashes are far shorter).
+RequestId = Annotated[str, Meta(max_length=256)]
+Modality = Annotated[str, Meta(min_length=1, max_length=32)]
+ItemHash = Annotated[str, Meta(min_length=1, max_length=256)]
+CacheSalt = Annotated[str, Meta(min_length=1, max_length=1024)]
 
 
 def new_request_id() -> str:
@@ -69,7 +74,7 @@ class MultiModalFeatures(Struct, Generic[ItemT]):
     parallel to ``mm_hashes[modality]``, in prompt order.
     """
 
-    mm_hashes: dict[str, list[str]]
+    mm_hashes: dict[Modality, list[ItemHash]]
     """Item identities: vLLM's 64-hex blake3 of the media bytes plus processor kwargs."""
 
     mm_placeholders: dict[str, list[PlaceholderRange]]
@@ -78,8 +83,10 @@ class MultiModalFeatures(Struct, Generic[ItemT]):
     kwargs_data: dict[str, list[ItemT]] | None = None
     """The processor outputs of each item: a msgpack-encoded kwargs item (see ``codec``),
     base64 text in JSON mode and raw ``bin`` in binary mode. A null entry means "the generate
-    node already holds this item" (it answers 409 ``mm_cache_miss`` if it does not). Null for
-    the whole field: no tensors were sent."""
+    node already holds this item", and its ``mm_hashes`` entry is then the item's content id
+    (``content_id(cache_salt or "", item bytes)``), so a node resolves it only to those very
+    bytes; it answers 409 ``mm_cache_miss`` naming the ids it does not hold. Null for the whole
+    field: no tensors were sent."""
 
     mm_metadata: dict[str, list[ItemT]] | None = None
     """Metadata-only items (grid sizes, ``keep_on_cpu`` fields) for encoder-cache transfer;
@@ -92,7 +99,7 @@ class GenerateRequest(Struct, Generic[ItemT]):
     token_ids: Annotated[list[TokenId], Meta(min_length=1)]
     """The prompt's token ids, placeholder tokens already expanded."""
 
-    request_id: str = field(default_factory=new_request_id)
+    request_id: RequestId = field(default_factory=new_request_id)
     """Caller's id for the request, echoed in responses; random when omitted."""
 
     features: MultiModalFeatures[ItemT] | None = None
@@ -111,7 +118,7 @@ class GenerateRequest(Struct, Generic[ItemT]):
     stream_options: dict[str, Any] | None = None
     """OpenAI-style stream options (``include_usage``, ``continuous_usage_stats``)."""
 
-    cache_salt: str | None = None
+    cache_salt: CacheSalt | None = None
     """Salt for the prefix cache, isolating tenants; 1-1024 characters."""
 
     priority: int = 0

@@ -11,10 +11,12 @@ import httpx
 
 @asynccontextmanager
 async def app_client(
-    app, base_url: str = "http://app", **kwargs
+    app, base_url: str = "http://app", *, raise_app_exceptions: bool = True, **kwargs
 ) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the app in-process; ``raise_app_exceptions=False`` shows a 500 as a server
+    would (Starlette re-raises after answering it)."""
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
         async with httpx.AsyncClient(transport=transport, base_url=base_url, **kwargs) as c:
             yield c
 

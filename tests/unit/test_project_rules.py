@@ -83,6 +83,7 @@ def test_wire_public_api_is_pinned():
         [
             "BatchedLayout",
             "ChoiceLogprobs",
+            "content_id",
             "DEFAULT_LIMITS",
             "DecodeLimits",
             "ErrorBody",

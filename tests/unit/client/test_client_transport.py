@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import httpx
@@ -31,6 +32,7 @@ from tandem_wire import (
     MultiModalFeatures,
     PlaceholderRange,
     WireFormat,
+    content_id,
     decode_generate_request,
     encode_document,
     encode_generate_request,
@@ -165,14 +167,16 @@ async def test_connection_errors_are_retried_then_raise_transport_error():
 
 async def test_items_are_sent_once_and_resent_on_a_cache_miss():
     bodies = []
+    names = []
     miss_next = {"value": False}
 
     def handler(request):
         doc = json.loads(request.content)
         bodies.append(doc["features"]["kwargs_data"]["image"])
+        names.append(doc["features"]["mm_hashes"]["image"])
         if miss_next["value"] and doc["features"]["kwargs_data"]["image"][0] is None:
             miss_next["value"] = False
-            return error(409, "mm_cache_miss", missing={"image": ["a" * 64]})
+            return error(409, "mm_cache_miss", missing={"image": names[-1]})
         return answer()
 
     async with client_with(handler) as c:
@@ -184,6 +188,10 @@ async def test_items_are_sent_once_and_resent_on_a_cache_miss():
     assert bodies[0][0] is not None  # first time: the data
     assert bodies[1] == [None]  # then: "you hold this"
     assert bodies[2] == [None] and bodies[3][0] is not None  # 409, then resent with data
+    # A null is named by the content id of the bytes sent before, never by render's hash.
+    sent = base64.b64decode(bodies[0][0])
+    assert names[1] == names[2] == [content_id("", sent)]
+    assert names[0] == names[3] == req.features.mm_hashes["image"]
 
 
 async def test_a_miss_for_items_we_did_send_is_raised():

@@ -161,3 +161,61 @@ async def test_api_key_on_every_route_but_health(qwen2_engine, qwen2_dir):
         assert (await c.get("/v1/models")).status_code == 401
         ok = await c.get("/v1/models", headers={"authorization": "Bearer k"})
         assert ok.status_code == 200
+
+
+async def test_every_token_id_and_string_list_is_bounded(app, qwen2_engine, qwen2_dir):
+    # Out-of-vocabulary ids in sampling fields, oversized stop lists and wire strings: each a
+    # typed 400 naming the field (never a 500 from deep inside vLLM), and the service serves on.
+    from tandem_wire import GenerateRequest, WireFormat, encode_generate_request
+
+    vocab = qwen2_engine.vocab_size
+    prompt = [1017, 82, 88, 282, 1018]
+    cases = [
+        ({"allowed_token_ids": [5, vocab]}, "token_out_of_vocabulary", "allowed_token_ids"),
+        ({"stop_token_ids": [vocab + 7]}, "token_out_of_vocabulary", "stop_token_ids"),
+        ({"logit_bias": {str(vocab): 1.0}}, "token_out_of_vocabulary", "logit_bias"),
+        ({"logprob_token_ids": [-1]}, None, None),
+        ({"stop": ["x"] * 65}, "invalid_sampling_params", "stop"),
+        ({"stop": ["x" * 1025]}, "invalid_sampling_params", "stop"),
+        ({"bad_words": [f"y{i}" for i in range(1025)]}, "invalid_sampling_params", "bad_words"),
+    ]
+    async with app_client(app) as c:
+        for fields, type_, field in cases:
+            req = GenerateRequest(token_ids=prompt, sampling_params={**GREEDY, **fields})
+            r = await c.post(
+                "/inference/v1/generate", content=encode_generate_request(req, WireFormat.JSON)
+            )
+            assert r.status_code == 400, (fields, r.text[:200])
+            err = r.json()["error"]
+            if type_ is not None:
+                assert (err["type"], err["param"]) == (type_, f"sampling_params.{field}"), err
+        for doc in (
+            {"token_ids": prompt, "request_id": "r" * 257},
+            {"token_ids": prompt, "cache_salt": ""},
+            {"token_ids": prompt, "cache_salt": "s" * 1025},
+        ):
+            r = await c.post("/inference/v1/generate", json=doc)
+            assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request", r.text
+        ok = GenerateRequest(token_ids=prompt, sampling_params={**GREEDY, "allowed_token_ids": [5]})
+        assert set(tokens(await post(c, ok))) == {5}
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+async def test_a_callers_priority_reaches_the_engine_only_when_allowed(
+    qwen2_engine, qwen2_dir, monkeypatch, allowed
+):
+    from tandem_wire import GenerateRequest
+
+    seen = []
+    original = qwen2_engine.llm.generate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("priority"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(qwen2_engine.llm, "generate", spy)
+    app = generate_app(qwen2_engine, qwen2_dir, allow_request_priority=allowed)
+    req = GenerateRequest(token_ids=[1017, 82, 88], sampling_params=dict(GREEDY), priority=-5)
+    async with app_client(app) as c:
+        await post(c, req)
+    assert seen == [-5 if allowed else 0]

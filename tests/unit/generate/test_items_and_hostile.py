@@ -15,6 +15,7 @@ from tandem_wire import (
     GenerateRequest,
     PlaceholderRange,
     WireFormat,
+    content_id,
     decode_item,
     encode_generate_request,
     encode_item,
@@ -32,12 +33,28 @@ def app(qwen2_engine, qwen2_dir):
 
 
 def without_data(req: GenerateRequest, **changes) -> GenerateRequest:
+    """The request with every item as a null entry named by its content id, as a client that
+    sent the items before does (``cache_salt`` from ``changes`` is the tenant)."""
+    tenant = changes.get("cache_salt", req.cache_salt) or ""
+    feats = msgspec.structs.replace(
+        req.features,
+        mm_hashes={
+            m: [content_id(tenant, d) for d in v] for m, v in req.features.kwargs_data.items()
+        },
+        kwargs_data={m: [None] * len(v) for m, v in req.features.kwargs_data.items()},
+        mm_metadata=None,
+    )
+    return msgspec.structs.replace(req, features=feats, **changes)
+
+
+def nulls(req: GenerateRequest) -> GenerateRequest:
+    """The request with null entries under its own (render's) mm_hashes."""
     feats = msgspec.structs.replace(
         req.features,
         kwargs_data={m: [None] * len(v) for m, v in req.features.kwargs_data.items()},
         mm_metadata=None,
     )
-    return msgspec.structs.replace(req, features=feats, **changes)
+    return msgspec.structs.replace(req, features=feats)
 
 
 def with_hashes(req: GenerateRequest, hashes: list[str]) -> GenerateRequest:
@@ -59,7 +76,7 @@ async def test_null_kwargs_reuse_the_cached_item(app, qwen2_renderer, qwen2_dir)
 
 async def test_cache_miss_is_a_409_naming_the_missing_hashes(app, qwen2_renderer, qwen2_dir):
     req = await render(qwen2_renderer, qwen2_dir, [12, 13], **GREEDY)
-    unknown = without_data(with_hashes(req, ["f" * 64, "e" * 64]))
+    unknown = with_hashes(nulls(req), ["f" * 64, "e" * 64])
     async with app_client(app) as c:
         err = await post(c, unknown, expect=409)
         assert err["error"]["type"] == "mm_cache_miss"
@@ -82,29 +99,35 @@ async def test_a_reused_hash_with_other_pixels_poisons_nothing(app, qwen2_render
         assert tokens(await post(c, attack)) == other_tokens
         # ...the victim's identical request is unaffected (encoder and prefix caches)...
         assert tokens(await post(c, victim)) == victim_tokens
-        # ...and a contested hash is never served from the store: null means "resend".
-        err = await post(c, without_data(victim), expect=409)
-        assert err["error"]["type"] == "mm_cache_miss"
+        # ...and so is its null entry, which names its own bytes' content id.
+        assert tokens(await post(c, without_data(victim))) == victim_tokens
+        # A null under a caller's hash names no bytes at all: nothing is served for it.
+        err = await post(c, nulls(victim), expect=409)
+        assert err["error"]["details"] == {"missing": {"image": [victim_hash]}}
 
 
-async def test_a_contested_hash_stays_contested_once_its_items_are_evicted(
+async def test_a_null_never_resolves_to_pixels_its_sender_did_not_send(
     qwen2_engine, qwen2_renderer, qwen2_dir
 ):
+    # Evict the victim's item, let an attacker register other pixels under every name the
+    # victim's item went by (its mm_hash and its content id), then retry the victim's null.
     victim = await render(qwen2_renderer, qwen2_dir, [22], **GREEDY)
     other = await render(qwen2_renderer, qwen2_dir, [23], **GREEDY)
     fillers = [await render(qwen2_renderer, qwen2_dir, [seed], **GREEDY) for seed in (24, 25)]
-    attack = with_hashes(other, victim.features.mm_hashes["image"])
+    victim_id = without_data(victim).features.mm_hashes["image"][0]
     # Room for one item: each item stored evicts the one before.
     size = len(victim.features.kwargs_data["image"][0])
     app = generate_app(qwen2_engine, qwen2_dir, item_cache_bytes=size * 3 // 2)
     async with app_client(app) as c:
-        await post(c, victim)
-        await post(c, attack)  # the victim's hash is now contested
+        victim_tokens = tokens(await post(c, victim))
         for filler in fillers:
             await post(c, filler)
-        await post(c, attack)  # the attacker registers its pixels under that hash again
+        for name in (victim.features.mm_hashes["image"][0], victim_id):
+            await post(c, with_hashes(other, [name]))
         err = await post(c, without_data(victim), expect=409)
-        assert err["error"]["type"] == "mm_cache_miss"
+        assert err["error"]["details"] == {"missing": {"image": [victim_id]}}
+        # Resent with its data, the victim gets its own answer.
+        assert tokens(await post(c, victim)) == victim_tokens
 
 
 async def test_items_are_scoped_by_tenant(app, qwen2_renderer, qwen2_dir):
@@ -150,6 +173,25 @@ def _item_with(req, **changes):
     data = encode_item(item)
     feats = msgspec.structs.replace(req.features, kwargs_data={"image": [data]})
     return msgspec.structs.replace(req, features=feats)
+
+
+def _joined(a, b):
+    """One request holding both prompts one after the other, with all their images."""
+    shift = len(a.token_ids)
+    fa, fb = a.features, b.features
+    moved = [
+        msgspec.structs.replace(p, offset=p.offset + shift) for p in fb.mm_placeholders["image"]
+    ]
+    feats = msgspec.structs.replace(
+        fa,
+        mm_hashes={"image": fa.mm_hashes["image"] + fb.mm_hashes["image"]},
+        mm_placeholders={"image": fa.mm_placeholders["image"] + moved},
+        kwargs_data={"image": fa.kwargs_data["image"] + fb.kwargs_data["image"]},
+        mm_metadata=(
+            {"image": fa.mm_metadata["image"] + fb.mm_metadata["image"]} if fa.mm_metadata else None
+        ),
+    )
+    return msgspec.structs.replace(a, token_ids=a.token_ids + b.token_ids, features=feats)
 
 
 def _with_ranges(req, ranges):
@@ -375,3 +417,42 @@ async def test_hostile_inputs_get_typed_4xx_and_the_server_keeps_serving(
             assert "Traceback" not in r.text, name
         assert (await c.get("/health")).status_code == 200
         assert len(tokens(await post(c, req))) == 8
+
+
+async def test_limit_mm_per_prompt_is_enforced_by_the_service(
+    qwen2_engine, qwen2_renderer, qwen2_dir
+):
+    # The session engine runs with --limit-mm-per-prompt image=4. Items arrive processed, so
+    # vLLM's processor never counts them: the service must, as vLLM's own server does.
+    assert qwen2_engine.mm_limits["image"] == 4
+    app = generate_app(qwen2_engine, qwen2_dir, max_body_bytes=8_000_000, max_items_per_prompt=16)
+    four = await render(qwen2_renderer, qwen2_dir, [30, 31, 32, 33], **GREEDY)
+    one = await render(qwen2_renderer, qwen2_dir, [34], **GREEDY)
+    five = _joined(four, one)  # render itself refuses five images (same limit)
+    async with app_client(app) as c:
+        r = await c.post(
+            "/inference/v1/generate", content=encode_generate_request(five, WireFormat.JSON)
+        )
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "too_many_items" and err["param"] == "features.mm_hashes.image"
+        r = await c.post(
+            "/inference/v1/generate", content=encode_generate_request(four, WireFormat.JSON)
+        )
+        assert r.status_code == 200, r.text
+
+
+async def test_held_items_are_scoped_by_api_key_too(qwen2_engine, qwen2_renderer, qwen2_dir):
+    # cache_salt is caller-chosen: with API keys configured, another key naming the same salt
+    # and content id still resolves nothing of the first key's.
+    req = await render(qwen2_renderer, qwen2_dir, [26], **GREEDY)
+    mine = msgspec.structs.replace(req, cache_salt="shared-salt" * 2)
+    app = generate_app(qwen2_engine, qwen2_dir, api_key=("key-a", "key-b"))
+    async with app_client(app) as c:
+        c.headers["authorization"] = "Bearer key-a"
+        await post(c, mine)
+        c.headers["authorization"] = "Bearer key-b"
+        err = await post(c, without_data(mine), expect=409)
+        assert err["error"]["type"] == "mm_cache_miss"
+        c.headers["authorization"] = "Bearer key-a"
+        assert len(tokens(await post(c, without_data(mine)))) == 8

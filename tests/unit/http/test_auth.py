@@ -5,9 +5,14 @@ from __future__ import annotations
 import httpx
 import msgspec
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
-from tandem_http import ApiKeyMiddleware, RequestIdMiddleware, install_error_handlers
+from tandem_http import (
+    ApiKeyMiddleware,
+    RequestIdMiddleware,
+    install_error_handlers,
+    principal_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -95,3 +100,21 @@ async def test_unknown_paths_are_refused_too() -> None:
     async with client(make_app(KEY)) as c:
         r = await c.get("/nowhere")
     assert r.status_code == 401
+
+
+async def test_several_keys_each_pass_and_are_told_apart() -> None:
+    app = FastAPI()
+    app.add_middleware(ApiKeyMiddleware, api_key=("k1", "k2"))
+
+    @app.get("/who")
+    async def who(request: Request) -> dict[str, str]:
+        return {"principal": principal_of(request)}
+
+    async with client(app) as c:
+        seen = []
+        for key in ("k1", "k2", "k1"):
+            r = await c.get("/who", headers={"authorization": f"Bearer {key}"})
+            assert r.status_code == 200
+            seen.append(r.json()["principal"])
+        assert seen[0] == seen[2] != seen[1] and "k1" not in seen[0]
+        assert (await c.get("/who", headers={"authorization": "Bearer k3"})).status_code == 401

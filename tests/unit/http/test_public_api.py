@@ -37,6 +37,7 @@ def test_public_api_is_pinned() -> None:
             "negotiate",
             "prepare_multiprocess_dir",
             "pretouch",
+            "principal_of",
             "read_body",
             "request_id_of",
             "run_server",

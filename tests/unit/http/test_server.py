@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -120,3 +121,61 @@ def test_two_workers_serve_and_stop_on_sigterm(tmp_path: Path) -> None:
         proc.wait(timeout=10)
         if not ok:
             print(log_path.read_text(errors="replace"))
+
+
+def _launch(port: int, factory: str, tmp_path: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
+    env["TMPDIR"] = str(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    code = _LAUNCH.replace("tests.unit.http.factory_app:create", factory)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def test_a_second_server_on_a_taken_port_is_refused(tmp_path: Path) -> None:
+    # Workers listen with SO_REUSEPORT; without an exclusive claim a second server would
+    # silently share the first one's traffic.
+    port = _free_port()
+    first = _launch(port, "tests.unit.http.factory_app:create", tmp_path)
+    try:
+        _wait_healthy(first, f"http://127.0.0.1:{port}")
+        second = _launch(port, "tests.unit.http.factory_app:create", tmp_path)
+        try:
+            out, _ = second.communicate(timeout=60)
+        finally:
+            _stop(second)
+        assert second.returncode == 1
+        assert b"in use" in out
+        # The first server still answers, alone.
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0) as c:
+            pids = {c.get("/hello").json()["pid"] for _ in range(20)}
+        assert len(pids) <= 2
+    finally:
+        _stop(first)
+
+
+def test_a_worker_that_cannot_start_is_given_up_on(tmp_path: Path) -> None:
+    # A factory that fails at import: restarted with a growing delay (1, 2, 4, 8 s), then the
+    # server exits instead of restarting it every second forever.
+    port = _free_port()
+    proc = _launch(port, "tests.unit.http.no_such_module:create", tmp_path)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 1
+    assert b"giving up" in out
+    delays = re.findall(rb"worker 0 \(pid \d+\) exited with \d+; restarting in (\d+) s", out)
+    assert delays[:4] == [b"1", b"2", b"4", b"8"]

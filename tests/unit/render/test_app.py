@@ -145,6 +145,47 @@ async def test_mm_processor_kwargs_change_resolution_and_hash(app, qwen2_dir):
     assert big.features.mm_hashes != small.features.mm_hashes
 
 
+async def test_processor_kwargs_never_ask_for_more_than_the_model(app, qwen2_dir, qwen2_renderer):
+    # The tiny Qwen2-VL's processor says max_pixels=1003520: a 32x32 PNG asking to be upscaled
+    # past it is refused at screening, before the processor runs (it would cost seconds of CPU).
+    assert qwen2_renderer.processor_facts.max_pixels == 1003520
+    img = data_url(png_bytes(32, 32, seed=9))
+    calls = []
+    real = qwen2_renderer.render_chat
+
+    async def spy(*args, **kwargs):
+        calls.append(args)
+        return await real(*args, **kwargs)
+
+    qwen2_renderer.render_chat = spy
+    try:
+        async with app_client(app) as c:
+            for kwargs in ({"min_pixels": 60_000_000}, {"max_pixels": 1003521}):
+                r = await c.post(
+                    "/v1/chat/completions/render",
+                    json=chat_body(qwen2_dir, [img], mm_processor_kwargs=kwargs),
+                )
+                assert r.status_code == 400, r.text
+                assert r.json()["error"]["param"] == "mm_processor_kwargs"
+            # Within the bound, but four images of at least 1280 tokens each cannot fit 4096.
+            r = await c.post(
+                "/v1/chat/completions/render",
+                json=chat_body(qwen2_dir, [img] * 4, mm_processor_kwargs={"min_pixels": 1003520}),
+            )
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["type"] == "prompt_too_long"
+            assert "min_pixels" in r.json()["error"]["message"]
+            assert calls == []
+            # One such image fits: it is rendered, at the size asked for.
+            ok = await render(
+                c, chat_body(qwen2_dir, [img], mm_processor_kwargs={"min_pixels": 200_704})
+            )
+            assert ok.features.mm_placeholders["image"][0].length == 256
+            assert len(calls) == 1
+    finally:
+        del qwen2_renderer.render_chat
+
+
 async def test_completion_token_ids_are_never_retokenized(app, qwen2_dir):
     ids = [1017, 359, 1019, IMAGE_PAD, 1020, 40, 41, 1019, IMAGE_PAD, 1020, 42]
     img = png_bytes(seed=6)
@@ -339,3 +380,29 @@ async def test_bad_input_gets_typed_4xx_and_the_service_keeps_serving(app, qwen2
             assert "Traceback" not in r.text and len(err["message"]) < 400, name
         assert (await c.get("/health")).status_code == 200
         await render(c, chat_body(qwen2_dir, [data_url(png_bytes(seed=10))]))
+
+
+async def test_vllm_failures_that_are_not_input_errors_are_500s_that_say_nothing(
+    app, qwen2_dir, qwen2_renderer
+):
+    # vLLM raises ValueError/TypeError/AssertionError for its own bugs as for bad input: only
+    # the input errors we can name are 400s. The failure is injected into the real renderer
+    # (nothing a request can do makes vLLM fail this way on purpose).
+    real = qwen2_renderer.serving.render_chat_request
+    for exc in (ValueError("tensor shape [3, 4] /opt/secret.py"), TypeError("x"), AssertionError()):
+
+        async def broken(*args, exc=exc, **kwargs):
+            raise exc
+
+        qwen2_renderer.serving.render_chat_request = broken
+        try:
+            async with app_client(app, raise_app_exceptions=False) as c:
+                r = await c.post(
+                    "/v1/chat/completions/render",
+                    json=chat_body(qwen2_dir, [data_url(png_bytes(seed=11))]),
+                )
+        finally:
+            qwen2_renderer.serving.render_chat_request = real
+        err = r.json()["error"]
+        assert (r.status_code, err["type"]) == (500, "internal_error"), r.text
+        assert "secret" not in r.text and r.headers["x-request-id"] in err["message"]

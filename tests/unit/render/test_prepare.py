@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tandem_http import BadRequest, TokenOutOfVocabulary, TooManyItems
-from tandem_render.prepare import RequestLimits, prepare_chat, prepare_completion
+from tandem_http import BadRequest, PromptTooLong, TokenOutOfVocabulary, TooManyItems
+from tandem_render.prepare import ProcessorFacts, RequestLimits, prepare_chat, prepare_completion
 
 LIMITS = RequestLimits(
     max_images=2,
     max_videos=1,
     mm_kwargs_allowlist=frozenset({"min_pixels", "max_pixels"}),
-    max_image_pixels=1_000_000,
+    max_kwargs_pixels=1_000_000,
 )
 
 
@@ -97,6 +97,38 @@ def test_allowed_mm_processor_kwargs_pass():
     prepare_chat(
         chat({"type": "text", "text": "x"}, mm_processor_kwargs={"max_pixels": 50176}), LIMITS
     )
+
+
+def test_kwargs_bounded_by_the_model_and_the_context():
+    facts = ProcessorFacts(max_pixels=1_003_520, pixels_per_token=784, max_frames=768)
+    limits = RequestLimits.build(
+        max_images=8,
+        max_videos=1,
+        allowlist=frozenset({"min_pixels", "max_pixels", "num_frames", "fps"}),
+        facts=facts,
+        max_model_len=4096,
+        max_image_pixels=64 * 2**20,
+    )
+    assert limits.max_kwargs_pixels == 1_003_520 and limits.max_kwargs_frames == 768
+    img = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    for bad in ({"min_pixels": 1_003_521}, {"num_frames": 769}, {"fps": 10_000}):
+        with pytest.raises(BadRequest):
+            prepare_chat(chat(img, mm_processor_kwargs=bad), limits)
+    # 5 images x at least 1024 tokens each > 4096; 4 of them fit.
+    with pytest.raises(PromptTooLong):
+        prepare_chat(chat(*[img] * 5, mm_processor_kwargs={"min_pixels": 784 * 1024}), limits)
+    prepare_chat(chat(*[img] * 4, mm_processor_kwargs={"min_pixels": 784 * 1024}), limits)
+    # An operator bound below the model's wins; one above it does not raise the model's.
+    low = RequestLimits.build(
+        max_images=1,
+        max_videos=1,
+        allowlist=frozenset(),
+        facts=facts,
+        max_model_len=4096,
+        max_kwargs_pixels=50_000,
+        max_image_pixels=64 * 2**20,
+    )
+    assert low.max_kwargs_pixels == 50_000
 
 
 def test_media_io_kwargs_refused():
