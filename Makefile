@@ -21,7 +21,7 @@ GENERATE_PORT ?= 8200
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit fuzz lint format bench-wire bench-render bench-generate run-render run-generate run demo clean
+.PHONY: help setup models test test-unit fuzz lint format bench-wire bench-render bench-generate bench-weights run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + generate on 127.0.0.1 (tiny model unless MODEL=...), run the example, serve until Ctrl-C"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench-wire  wire codec throughput: ours (JSON, binary) vs vLLM's serde vs memcpy"
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make bench-generate  render->generate vs upstream's pair and monolithic server (API CPU/request)"
+	@echo "make bench-weights  weight updates (tiny model, synthetic 1 GB) vs a plain copy of the bytes"
 	@echo "make run-render  serve render on 127.0.0.1:$(RENDER_PORT) (MODEL=... or the tiny Qwen2-VL)"
 	@echo "make run-generate  serve generate on 127.0.0.1:$(GENERATE_PORT) (same model choice)"
 
@@ -72,6 +73,9 @@ bench-render: setup
 
 bench-generate: setup
 	$(PY) -m tools.bench_generate
+
+bench-weights: setup
+	$(PY) -m tools.bench_weights
 
 # Without MODEL, the tiny Qwen2-VL test model is built (seconds) and served.
 MODEL_DIR = "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}"

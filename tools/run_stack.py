@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-from tools.servers import ServerProcess, python_module
+from tools.servers import ServerProcess, python_module, weight_transfer_args
 
 ROOT = Path(__file__).resolve().parent.parent
+WEIGHT_DIR = ROOT / ".cache" / "weight-transfer"
+"""Where trainers write weight updates for the generate server (examples/grpo_rollout.py)."""
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 600.0
 
@@ -29,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render-workers", type=int, default=0, help="default: one per core")
     parser.add_argument("--engine-args", default="--enforce-eager --max-model-len 4096")
     parser.add_argument("--demo", action="store_true", help="run the example, then stop")
+    parser.add_argument(
+        "--weight-dir", default=str(WEIGHT_DIR), help="folder weight updates are read from"
+    )
     args = parser.parse_args(argv)
     model = args.model
     if not model:
@@ -40,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         render_args += ["--workers", str(args.render_workers)]
     render = ServerProcess("render", python_module("tandem_render", *render_args), args.render_port)
     servers: dict[str, ServerProcess] = {}
+    Path(args.weight_dir).mkdir(parents=True, exist_ok=True)
     generate = ServerProcess(
         "generate",
         python_module(
@@ -48,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
             model,
             "--port",
             str(args.generate_port),
+            # Bound to 127.0.0.1 with no key: the control routes are for the local trainer.
+            "--enable-control-routes",
+            *weight_transfer_args(args.weight_dir),
             *shlex.split(args.engine_args),
         ),
         args.generate_port,
@@ -73,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             return example.returncode
         if args.demo:
             return 0
-        print(f"serving: render {render.url}, generate {generate.url}; Ctrl-C to stop", flush=True)
+        print(
+            f"serving: render {render.url}, generate {generate.url} (weight updates from "
+            f"{args.weight_dir}); Ctrl-C to stop",
+            flush=True,
+        )
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         servers = {"render": render, "generate": generate}
         return supervise(servers)

@@ -121,5 +121,20 @@ def tandem_render(model: str, workers: int = 1) -> ServerProcess:
     return _start("tandem-render", "tandem_render", ["--model", model, "--workers", str(workers)])
 
 
-def tandem_generate(model: str) -> ServerProcess:
-    return _start("tandem-generate", "tandem_generate", ["--model", model, *CPU_ENGINE_ARGS])
+def tandem_generate(model: str, weight_dir: str | None = None) -> ServerProcess:
+    """Our generate server; control routes on (it binds 127.0.0.1), and with ``weight_dir`` the
+    tandem_file weight-transfer backend reading updates from that folder."""
+    args = ["--model", model, "--enable-control-routes", *CPU_ENGINE_ARGS]
+    if weight_dir is not None:
+        args += [*weight_transfer_args(weight_dir)]
+    return _start("tandem-generate", "tandem_generate", args)
+
+
+def weight_transfer_args(weight_dir: str) -> list[str]:
+    """The generate options for weight updates through files in ``weight_dir``."""
+    return [
+        "--weight-transfer-config",
+        '{"backend": "tandem_file"}',
+        "--weight-transfer-dir",
+        weight_dir,
+    ]

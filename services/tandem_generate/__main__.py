@@ -40,6 +40,20 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "/health (held items are kept per key); $TANDEM_API_KEY sets the default",
     )
     ours.add_argument(
+        "--enable-control-routes",
+        action="store_true",
+        help="serve the state-changing control routes (/pause, /resume, /abort_requests, "
+        "weight updates, /reset_prefix_cache) without an API key; with --api-key they are "
+        "always served, behind the key",
+    )
+    ours.add_argument(
+        "--weight-transfer-dir",
+        default=None,
+        help="folder that tandem_file weight updates are read from (with "
+        '--weight-transfer-config \'{"backend": "tandem_file"}\'); trainer and server '
+        "must both see it",
+    )
+    ours.add_argument(
         "--max-body-bytes",
         type=int,
         default=None,
@@ -88,6 +102,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         port=args.port,
         api_key=tuple(args.api_key) if args.api_key else os.environ.get("TANDEM_API_KEY"),
         # vLLM's own --log-level (engine args) sets ours too.
+        enable_control_routes=args.enable_control_routes,
+        weight_transfer_dir=args.weight_transfer_dir,
         log_level=str(getattr(args, "log_level", None) or "info").lower(),
         max_body_bytes=args.max_body_bytes,
         max_items_per_prompt=args.max_items_per_prompt,

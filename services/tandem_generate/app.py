@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -26,10 +27,18 @@ from tandem_http import (
     read_body,
     wire_response,
 )
-from tandem_wire import decode_generate_request
+from tandem_wire import WireFormat, decode_document, decode_generate_request
+from tandem_wire.control import (
+    AbortRequestsRequest,
+    FinishWeightUpdateRequest,
+    InitWeightTransferRequest,
+    UpdateWeightsRequest,
+    UpdateWeightVersionRequest,
+)
 
+from .control import EngineControl
 from .engine import Engine
-from .errors import EngineNotReady
+from .errors import ControlRoutesDisabled, EngineNotReady
 from .metrics import GenerateMetrics
 from .serving import GenerateService
 from .settings import GenerateSettings
@@ -37,6 +46,11 @@ from .settings import GenerateSettings
 __all__ = ["create_app"]
 
 log = logging.getLogger("tandem.generate")
+
+CONTROL_BODY_BYTES = 16 * 1024 * 1024
+"""Largest control-route body (a weight update names its tensors, not their bytes)."""
+
+T = TypeVar("T")
 
 
 def create_app(
@@ -67,6 +81,7 @@ def create_app(
             )
         app.state.service = GenerateService(settings, engine, metrics)
         log.info("largest request body: %d MiB", app.state.service.max_body_bytes >> 20)
+        app.state.control = EngineControl(engine, settings.weight_transfer_dir)
         watch = None
         if on_engine_dead is not None:
             watch = asyncio.create_task(_report_death(engine))
@@ -119,9 +134,100 @@ def create_app(
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    # As ApiKeyMiddleware counts keys: empty strings are no key.
+    keys = [settings.api_key] if isinstance(settings.api_key, str) else settings.api_key or ()
+    keyed = any(keys)
+
+    def control(request: Request) -> EngineControl:
+        """For a state-changing control route: refused without an API key unless enabled."""
+        if not keyed and not settings.enable_control_routes:
+            raise ControlRoutesDisabled(
+                "control routes need --api-key (or --enable-control-routes on a trusted network)"
+            )
+        return request.app.state.control  # type: ignore[no-any-return]
+
+    def observe(request: Request) -> EngineControl:
+        """For a read-only control route: served as /v1/models is."""
+        return request.app.state.control  # type: ignore[no-any-return]
+
+    async def body_of(request: Request, type_: type[T], empty: T | None = None) -> T:
+        """A JSON control body (``empty`` stands for a missing body where one is optional)."""
+        raw = await read_body(request, CONTROL_BODY_BYTES)
+        if empty is not None and not raw.strip():
+            return empty
+        return decode_document(raw, type_, WireFormat.JSON)
+
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request) -> Response:
-        return JSONResponse({"reset": await service(request).engine.reset_prefix_cache()})
+        control(request)
+        # Upstream's answer (vLLM >= 0.26): false while requests are running.
+        return JSONResponse({"success": await service(request).engine.reset_prefix_cache()})
+
+    # vLLM 0.32's RL routes (vllm/entrypoints/rl/online/api_router.py), same shapes.
+    @app.post("/pause")
+    async def pause(request: Request, mode: str = "abort", clear_cache: bool = True) -> Response:
+        await control(request).pause(mode, clear_cache)
+        return JSONResponse({"status": "paused"})
+
+    @app.post("/resume")
+    async def resume(request: Request) -> Response:
+        await control(request).resume()
+        return JSONResponse({"status": "resumed"})
+
+    @app.get("/is_paused")
+    async def is_paused(request: Request) -> Response:
+        return JSONResponse({"is_paused": await observe(request).is_paused()})
+
+    @app.post("/abort_requests")
+    async def abort_requests(request: Request) -> Response:
+        ctl = control(request)
+        req = await body_of(request, AbortRequestsRequest, AbortRequestsRequest())
+        return JSONResponse(
+            {"status": "aborted", "aborted": await ctl.abort_requests(req.request_ids)}
+        )
+
+    @app.post("/init_weight_transfer_engine")
+    async def init_weight_transfer_engine(request: Request) -> Response:
+        ctl = control(request)
+        await ctl.init_transfer((await body_of(request, InitWeightTransferRequest)).init_info)
+        return JSONResponse({"message": "Weight transfer initialized"})
+
+    @app.post("/start_weight_update")
+    async def start_weight_update(request: Request) -> Response:
+        await control(request).start_update()
+        return JSONResponse({"message": "Weight update started"})
+
+    @app.post("/update_weights")
+    async def update_weights(request: Request) -> Response:
+        ctl = control(request)
+        await ctl.update((await body_of(request, UpdateWeightsRequest)).update_info)
+        return JSONResponse({"message": "Weights updated"})
+
+    @app.post("/finish_weight_update")
+    async def finish_weight_update(request: Request) -> Response:
+        ctl = control(request)
+        req = await body_of(request, FinishWeightUpdateRequest, FinishWeightUpdateRequest())
+        await ctl.finish_update(req.weight_version)
+        return JSONResponse({"message": "Weight update finished"})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> Response:
+        ctl = control(request)
+        version = (await body_of(request, UpdateWeightVersionRequest)).new_version
+        await ctl.set_version(version)
+        return JSONResponse({"success": True, "new_version": version})
+
+    @app.get("/weight_info")
+    async def weight_info(request: Request) -> Response:
+        return JSONResponse({"weight_version": await observe(request).version()})
+
+    @app.get("/get_world_size")
+    async def get_world_size(request: Request, include_dp: bool = True) -> Response:
+        return JSONResponse({"world_size": observe(request).world_size(include_dp)})
+
+    @app.get("/server_info")
+    async def server_info(request: Request) -> Response:
+        return JSONResponse(observe(request).server_info())
 
     @app.get("/metrics")
     async def metrics_route() -> Response:

@@ -33,6 +33,8 @@ from tandem_wire import PlaceholderRange
 
 from .errors import EngineNotReady
 from .model_spec import ModelSpec, modality_spec
+from .vllm_plugin import PLUGIN_NAME
+from .weight_files import BACKEND
 
 __all__ = ["Engine"]
 
@@ -48,6 +50,7 @@ class Engine:
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         check_upstream_names(["generate"])  # a vLLM upgrade fails here, not mid-request
+        check_weight_backend_installed(engine_args)
         self.llm = AsyncLLM.from_engine_args(
             seed_safe_engine_args(engine_args), usage_context=UsageContext.OPENAI_API_SERVER
         )
@@ -155,6 +158,23 @@ class Engine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+def check_weight_backend_installed(engine_args: AsyncEngineArgs) -> None:
+    """Fail at start-up, with the fix, when the tandem_file backend is asked for but vLLM's
+    engine processes cannot register it: they are spawned (always, on CPU) and find it only
+    through the package's ``vllm.general_plugins`` entry point."""
+    wt = engine_args.weight_transfer_config
+    backend = wt.get("backend") if isinstance(wt, dict) else getattr(wt, "backend", None)
+    if backend != BACKEND:
+        return
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == PLUGIN_NAME for ep in entry_points(group="vllm.general_plugins")):
+        raise RuntimeError(
+            f"the {BACKEND} weight-transfer backend needs Tandem installed with its vLLM plugin "
+            "entry point: run `make setup` (or `pip install -e .`) and start again"
+        )
 
 
 def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:

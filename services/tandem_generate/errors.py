@@ -12,6 +12,11 @@ __all__ = [
     "InvalidItem",
     "UnsupportedSamplingParams",
     "EngineNotReady",
+    "ControlRoutesDisabled",
+    "InvalidWeightUpdate",
+    "WeightPathNotAllowed",
+    "WeightUpdateConflict",
+    "WeightTransferNotConfigured",
 ]
 
 
@@ -52,3 +57,38 @@ class EngineNotReady(GenerateError):
     status_code = 503
     type = error_types.ENGINE_NOT_READY
     retry_after = 5
+
+
+class ControlRoutesDisabled(GenerateError):
+    """A state-changing control route (pause, weight updates, cache reset) on a server that
+    has no API key: refused unless the operator passed ``--enable-control-routes``."""
+
+    status_code = 403
+    type = error_types.CONTROL_ROUTES_DISABLED
+
+
+class InvalidWeightUpdate(GenerateError):
+    """An update the model cannot take (unknown name, wrong shape or dtype, part of a layer,
+    not a safetensors file); nothing was loaded and the old weights keep serving."""
+
+    type = error_types.INVALID_WEIGHT_UPDATE
+
+
+class WeightPathNotAllowed(GenerateError):
+    """An update path outside the weight-transfer folder, or no folder configured."""
+
+    type = error_types.WEIGHT_PATH_NOT_ALLOWED
+
+
+class WeightUpdateConflict(GenerateError):
+    """A weight-update call out of order (as vLLM's worker refuses it)."""
+
+    status_code = 409
+    type = error_types.WEIGHT_UPDATE_CONFLICT
+
+
+class WeightTransferNotConfigured(GenerateError):
+    """Weight-transfer calls on a server with no ``--weight-transfer-config``."""
+
+    status_code = 409
+    type = error_types.WEIGHT_TRANSFER_NOT_CONFIGURED

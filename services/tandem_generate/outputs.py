@@ -17,6 +17,7 @@ from tandem_wire import (
     TokenLogprob,
     TokenLogprobContent,
     UsageInfo,
+    WeightVersionSpan,
 )
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "full_response",
     "stream_choice",
     "usage_chunk",
+    "weight_versions",
 ]
 
 FLOOR = -9999.0
@@ -61,6 +63,13 @@ def choice_logprobs(
             )
         )
     return ChoiceLogprobs(content=content)
+
+
+def weight_versions(spans: Sequence[Any] | None) -> list[WeightVersionSpan] | None:
+    """vLLM's ``WeightVersionSpan``s of an output (set on its final output only)."""
+    if spans is None:
+        return None
+    return [WeightVersionSpan(version=s.version, start=s.start, end=s.end) for s in spans]
 
 
 def prompt_logprobs(
@@ -100,6 +109,7 @@ def full_response(
                 logprobs=None if top_n is None else choice_logprobs(ids, out.logprobs or [], top_n),
                 finish_reason=out.finish_reason or "stop",
                 stop_reason=out.stop_reason,
+                weight_versions=weight_versions(getattr(out, "weight_versions", None)),
             )
         )
     n_prompt = len(result.prompt_token_ids or [])
@@ -127,6 +137,7 @@ def stream_choice(out: Any, top_n: int | None) -> GenerateStreamChoice:
         logprobs=None if top_n is None else choice_logprobs(ids, out.logprobs or [], top_n),
         finish_reason=out.finish_reason,
         stop_reason=out.stop_reason,
+        weight_versions=weight_versions(getattr(out, "weight_versions", None)),
     )
 
 

@@ -19,6 +19,14 @@ class GenerateSettings:
     api_key: str | tuple[str, ...] | None = None
     """When set, every route but /health needs ``Authorization: Bearer <key>``."""
 
+    enable_control_routes: bool = False
+    """With no ``api_key``, state-changing control routes (pause, resume, abort, weight
+    updates, cache reset) answer 403 unless this is set; with a key they need the key."""
+
+    weight_transfer_dir: str | None = None
+    """The folder ``tandem_file`` weight updates are read from (paths outside it are refused);
+    trainer and server must both see it (same machine or a shared filesystem)."""
+
     log_level: str = "info"
     max_body_bytes: int | None = None
     """Largest request body; by default what the model can take (its context filled with

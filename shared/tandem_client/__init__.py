@@ -13,6 +13,7 @@ from .errors import (
     ServiceError,
     TandemError,
     TransportError,
+    WeightUpdateError,
 )
 from .rollout import RolloutResult
 from .sync import TandemClient
@@ -32,4 +33,5 @@ __all__ = [
     "TandemClient",
     "TandemError",
     "TransportError",
+    "WeightUpdateError",
 ]

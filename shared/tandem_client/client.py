@@ -1,12 +1,14 @@
-"""The async client: render, generate (sending each item's tensors to a node once), chat."""
+"""The async client: render, generate (sending each item's tensors to a node once), chat, and
+the RL trainer's control calls (pause/resume, weight updates) on every generate node."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -34,6 +36,7 @@ from .errors import (
 from .media import ImageLike, image_source
 from .rollout import RolloutResult, rollout
 from .routing import RoundRobin, rendezvous_order
+from .weights import write_safetensors
 
 __all__ = ["AsyncTandemClient"]
 
@@ -92,9 +95,11 @@ class AsyncTandemClient:
         backoff_s: float = 0.5,
         held_items_per_node: int = 100_000,
         node_cooldown_s: float = 10.0,
+        weight_dir: str | os.PathLike[str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.model = model
+        self.weight_dir = weight_dir
         self.fmt = WireFormat.MSGPACK if binary else WireFormat.JSON
         self.render_nodes = RoundRobin(_strings(render_urls))
         self.generate_urls = _strings(generate_urls)
@@ -323,6 +328,88 @@ class AsyncTandemClient:
     ) -> RolloutResult:
         """TRL-shaped rollouts (see ``tandem_client.rollout.rollout`` for the arguments)."""
         return await rollout(self, prompts, images, **kwargs)
+
+    # -- control (every generate node) ----------------------------------------------------------
+
+    async def _control(
+        self, url: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        """One control call (JSON, as vLLM's own routes take them); errors are typed."""
+        try:
+            r = await self._http.post(f"{url}{path}", json=body, params=params)
+        except httpx.TransportError as exc:
+            raise TransportError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
+        if r.status_code >= 400:
+            raise error_from_response(r.status_code, _error_body(r), f"{url}{path}")
+        return r.json()
+
+    async def _on_every_node(
+        self, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> list[Any]:
+        return list(
+            await asyncio.gather(
+                *(self._control(u, path, body, params) for u in self.generate_urls)
+            )
+        )
+
+    async def pause(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
+        """Pause generation on every node (vLLM's modes: ``keep`` freezes requests in flight
+        until ``resume``, ``wait`` lets them finish first, ``abort`` ends them)."""
+        params = {"mode": mode, "clear_cache": str(clear_cache).lower()}
+        await self._on_every_node("/pause", params=params)
+
+    async def resume(self) -> None:
+        await self._on_every_node("/resume")
+
+    async def weight_versions(self) -> dict[str, str]:
+        """Each node's current weight version, by URL."""
+        out = {}
+        for url in self.generate_urls:
+            r = await self._http.get(f"{url}/weight_info")
+            if r.status_code >= 400:
+                raise error_from_response(r.status_code, _error_body(r), url)
+            out[url] = str(r.json()["weight_version"])
+        return out
+
+    async def update_weights(
+        self,
+        weights: Mapping[str, Any] | Iterable[tuple[str, Any]],
+        *,
+        version: str | None = None,
+    ) -> None:
+        """Load new weights on every generate node and label them ``version``.
+
+        ``weights`` maps checkpoint names (as in the model's safetensors files) to tensors
+        (numpy arrays or torch tensors); it may be part of the model, in whole layers. They
+        are written once into ``weight_dir`` (the folder the nodes were started with as
+        ``--weight-transfer-dir``; see ``tandem_client.weights``), then each node runs
+        start -> update -> finish. A refused update raises WeightUpdateError: the nodes check
+        the same file against the same model, so they refuse it alike, and nothing is
+        loaded. Requests running meanwhile finish on the weights they started with or, if
+        the nodes were paused with ``keep``, continue on the new ones from ``resume``.
+        """
+        if self.weight_dir is None:
+            raise ValueError("update_weights needs the client's weight_dir (the shared folder)")
+        path = await asyncio.to_thread(write_safetensors, weights, self.weight_dir)
+        try:
+            await self._on_every_node("/start_weight_update", {})
+            updates = await asyncio.gather(
+                *(
+                    self._control(u, "/update_weights", {"update_info": {"path": path.name}})
+                    for u in self.generate_urls
+                ),
+                return_exceptions=True,
+            )
+            # Every node's update ends, refused or not, so none is left mid-update; only a
+            # complete update is labelled.
+            ok = not any(isinstance(u, BaseException) for u in updates)
+            body = {"weight_version": version if ok else None}
+            await self._on_every_node("/finish_weight_update", body)
+            for u in updates:
+                if isinstance(u, BaseException):
+                    raise u
+        finally:
+            path.unlink(missing_ok=True)  # each node copied the tensors at update_weights
 
     async def chat(
         self, messages: list[dict[str, Any]], *, model: str | None = None, **fields: Any

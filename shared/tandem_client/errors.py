@@ -9,6 +9,7 @@ TandemError
       |    +-- PayloadTooLargeError    413 (body, media, image, item limits)
       |    +-- MediaError              the media could not be fetched or decoded
       |    +-- CacheMissError          409 mm_cache_miss (resent transparently by the client)
+ |    +-- WeightUpdateError       a weight update refused (bad file, out of order, no backend)
       +-- OverloadedError          429 overloaded (retried with backoff)
       +-- ServerError              5xx (503 retried with backoff)
 """
@@ -29,6 +30,7 @@ __all__ = [
     "PayloadTooLargeError",
     "MediaError",
     "CacheMissError",
+    "WeightUpdateError",
     "OverloadedError",
     "ServerError",
     "error_from_response",
@@ -94,6 +96,10 @@ class CacheMissError(BadRequestError):
         return {str(k): [str(h) for h in v] for k, v in value.items()}
 
 
+class WeightUpdateError(BadRequestError):
+    """A weight update was refused; nothing was loaded and the old weights keep serving."""
+
+
 class OverloadedError(ServiceError):
     """The service is at capacity (429); retry later."""
 
@@ -116,6 +122,10 @@ _BY_TYPE: dict[str, type[ServiceError]] = {
     error_types.MEDIA_FETCH_FAILED: MediaError,
     error_types.MEDIA_NOT_FOUND: MediaError,
     error_types.INVALID_IMAGE: MediaError,
+    error_types.INVALID_WEIGHT_UPDATE: WeightUpdateError,
+    error_types.WEIGHT_PATH_NOT_ALLOWED: WeightUpdateError,
+    error_types.WEIGHT_UPDATE_CONFLICT: WeightUpdateError,
+    error_types.WEIGHT_TRANSFER_NOT_CONFIGURED: WeightUpdateError,
 }
 """The types with an exception of their own; any other maps by status (5xx, 429, else 4xx)."""
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tandem_wire import GenerateResponse
+import msgspec
+
+from tandem_wire import GenerateResponse, WeightVersionSpan
 
 from .media import ImageLike
 
@@ -39,8 +41,21 @@ class RolloutResult:
     finish_reasons: list[str | None]
     """Per completion: ``stop`` or ``length``."""
 
+    weight_versions: list[list[WeightVersionSpan] | None] = field(default_factory=list)
+    """Per completion: which weight version sampled which of its tokens (one span unless
+    the weights changed while it ran); None where the node reported none."""
+
+    def versions(self) -> list[str | None]:
+        """Per completion, the version that sampled its last token."""
+        return [spans[-1].version if spans else None for spans in self.weight_versions]
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["weight_versions"] = [
+            None if spans is None else [msgspec.structs.asdict(s) for s in spans]
+            for spans in self.weight_versions
+        ]
+        return out
 
 
 def _progress(total: int, enabled: bool | None) -> Any:
@@ -116,6 +131,7 @@ async def rollout(
             for choice in sorted(answer.choices, key=lambda c: c.index):
                 result.completion_ids.append(list(choice.token_ids or []))
                 result.finish_reasons.append(choice.finish_reason)
+                result.weight_versions.append(choice.weight_versions)
                 if result.logprobs is not None and result.logprob_token_ids is not None:
                     content = choice.logprobs.content if choice.logprobs else None
                     steps = content or []

@@ -64,3 +64,15 @@ class TandemClient:
 
     def rollout(self, prompts: Any, images: Any = None, **kwargs: Any) -> RolloutResult:
         return self._run(self.aio.rollout(prompts, images, **kwargs))
+
+    def pause(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
+        self._run(self.aio.pause(mode, clear_cache=clear_cache))
+
+    def resume(self) -> None:
+        self._run(self.aio.resume())
+
+    def weight_versions(self) -> dict[str, str]:
+        return self._run(self.aio.weight_versions())
+
+    def update_weights(self, weights: Any, *, version: str | None = None) -> None:
+        self._run(self.aio.update_weights(weights, version=version))

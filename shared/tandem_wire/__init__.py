@@ -4,7 +4,7 @@ the ``error_types`` every error body's ``type`` is one of).
 Imports neither vLLM nor a web framework, so a trainer can install the client without them.
 """
 
-from . import error_types
+from . import control, error_types
 from .codec import (
     RAW_TENSOR_EXT,
     b64decode_item_bytes,
@@ -70,6 +70,7 @@ from .protocol import (
     TokenLogprob,
     TokenLogprobContent,
     UsageInfo,
+    WeightVersionSpan,
     new_request_id,
 )
 
@@ -112,6 +113,7 @@ __all__ = [
     "UnsupportedDtype",
     "UnsupportedExtType",
     "UsageInfo",
+    "WeightVersionSpan",
     "WIRE_DTYPES",
     "WireError",
     "WireFormat",
@@ -129,6 +131,7 @@ __all__ = [
     "encode_generate_requests",
     "encode_item",
     "encode_item_b64",
+    "control",
     "error_types",
     "format_for_accept",
     "format_of_content_type",

@@ -85,3 +85,18 @@ INVALID_SAMPLING_PARAMS = "invalid_sampling_params"
 """400: a sampling field that is unknown, not allowed here, or out of range."""
 ENGINE_NOT_READY = "engine_not_ready"
 """503: the engine is starting or has failed."""
+
+# Generate: control routes and weight updates.
+CONTROL_ROUTES_DISABLED = "control_routes_disabled"
+"""403: a state-changing control route on a server with no API key and no
+``--enable-control-routes``."""
+INVALID_WEIGHT_UPDATE = "invalid_weight_update"
+"""400: an update whose tensors the model does not have, or with the wrong shape or dtype, or
+layers sent in part, or a file that is not safetensors; nothing was loaded."""
+WEIGHT_PATH_NOT_ALLOWED = "weight_path_not_allowed"
+"""400: an update path outside the server's weight-transfer folder (or no folder is set)."""
+WEIGHT_UPDATE_CONFLICT = "weight_update_conflict"
+"""409: a weight-update call out of order (update or finish with no update started, a start
+while one is under way)."""
+WEIGHT_TRANSFER_NOT_CONFIGURED = "weight_transfer_not_configured"
+"""409: weight-transfer calls on a server started without ``--weight-transfer-config``."""

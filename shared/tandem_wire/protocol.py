@@ -24,6 +24,7 @@ __all__ = [
     "TokenLogprobContent",
     "ChoiceLogprobs",
     "PromptLogprob",
+    "WeightVersionSpan",
     "GenerateChoice",
     "GenerateResponse",
     "GenerateStreamChoice",
@@ -213,6 +214,21 @@ class PromptLogprob(Struct, omit_defaults=True):
     """Always null on the token path (no tokenizer on the generate node)."""
 
 
+class WeightVersionSpan(Struct):
+    """Output tokens ``[start, end)`` were sampled by the weights labelled ``version``
+    (upstream's ``vllm.outputs.WeightVersionSpan``)."""
+
+    version: str
+    """The label given at ``/finish_weight_update`` or ``/update_weight_version``
+    (``default`` until one is set)."""
+
+    start: NonNegInt
+    """First output-token index (inclusive)."""
+
+    end: NonNegInt
+    """Last output-token index (exclusive)."""
+
+
 class GenerateChoice(Struct):
     """One completed sample (``n`` of them per request)."""
 
@@ -230,6 +246,10 @@ class GenerateChoice(Struct):
 
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended the sample; null on EOS/length."""
+
+    weight_versions: list[WeightVersionSpan] | None = None
+    """Which weights sampled which output tokens (several spans when the weights changed
+    mid-sample, e.g. across a ``keep`` pause); null when the engine reported none."""
 
 
 class GenerateResponse(Struct):
@@ -284,6 +304,9 @@ class GenerateStreamChoice(Struct):
 
     stop_reason: int | str | None = None
     """As in ``GenerateChoice``."""
+
+    weight_versions: list[WeightVersionSpan] | None = None
+    """On the sample's last chunk only, covering its whole output; null on the others."""
 
 
 class GenerateStreamResponse(Struct):

@@ -9,7 +9,13 @@ from tools.tiny_models import ensure_model
 
 
 @pytest.fixture(scope="session")
-def fleet_servers():
+def weight_dir(tmp_path_factory) -> str:
+    """The fleet generate server's weight-transfer folder (trainers write updates here)."""
+    return str(tmp_path_factory.mktemp("weight-transfer"))
+
+
+@pytest.fixture(scope="session")
+def fleet_servers(weight_dir):
     """Upstream render + serve (with scale-out), ours render + generate, on the tiny Qwen2-VL:
     the model folder and the ServerProcess of each."""
     model = str(ensure_model("qwen2-vl"))
@@ -17,7 +23,7 @@ def fleet_servers():
         "up_render": upstream_render(model),
         "up_serve": upstream_serve(model),
         "render": tandem_render(model),
-        "generate": tandem_generate(model),
+        "generate": tandem_generate(model, weight_dir),
     }
     try:
         for proc in procs.values():

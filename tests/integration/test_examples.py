@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tools.servers import free_port
@@ -48,7 +49,7 @@ def test_example_mm_serve_works_against_upstream_too(fleet):
     )
 
 
-def test_grpo_rollout_example(fleet):
+def test_grpo_rollout_example(fleet, weight_dir):
     _, urls = fleet
     done = run(
         "examples/grpo_rollout.py",
@@ -56,14 +57,27 @@ def test_grpo_rollout_example(fleet):
         urls["render"],
         "--generate-url",
         urls["generate"],
+        "--weight-dir",
+        weight_dir,
         "--n",
         "2",
         "--max-tokens",
         "5",
+        "--steps",
+        "2",
     )
     lines = done.stdout.splitlines()
-    assert sum(line.startswith("prompt ") for line in lines) == 3
-    assert sum("advantage" in line for line in lines) == 6
+    # Three rollouts (before and after each of two updates), each naming its weights.
+    assert [line for line in lines if line.startswith("== rollout")] == [
+        "== rollout 0: weight version default",
+        "== rollout 1: weight version step-1",
+        "== rollout 2: weight version step-2",
+    ]
+    assert sum(line.startswith("prompt ") for line in lines) == 9
+    assert sum("advantage" in line for line in lines) == 18
+    assert lines[-1] == "== original weights restored (weight version default)"
+    info = httpx.get(f"{urls['generate']}/weight_info").json()
+    assert info == {"weight_version": "default"}
 
 
 def test_make_demo_starts_the_pair_runs_the_example_and_stops():

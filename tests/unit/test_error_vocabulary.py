@@ -56,6 +56,11 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     gen.InvalidItem: tc.BadRequestError,
     gen.UnsupportedSamplingParams: tc.BadRequestError,
     gen.EngineNotReady: tc.ServerError,
+    gen.ControlRoutesDisabled: tc.BadRequestError,
+    gen.InvalidWeightUpdate: tc.WeightUpdateError,
+    gen.WeightPathNotAllowed: tc.WeightUpdateError,
+    gen.WeightUpdateConflict: tc.WeightUpdateError,
+    gen.WeightTransferNotConfigured: tc.WeightUpdateError,
 }
 
 # Package bases: never raised themselves.

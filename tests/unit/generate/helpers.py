@@ -83,16 +83,25 @@ __all__ = [
 
 
 @asynccontextmanager
-async def client_stack(engine, renderer, model: str) -> AsyncIterator[AsyncTandemClient]:
+async def client_stack(
+    engine, renderer, model: str, weight_dir: str | None = None, **generate_settings
+) -> AsyncIterator[AsyncTandemClient]:
     """A client talking to the real render and generate apps in-process (hosts ``render`` and
-    ``generate``), their lifespans running."""
+    ``generate``), their lifespans running; ``weight_dir`` is the client's and the generate
+    app's weight-transfer folder."""
     render_app = create_render_app(RenderSettings(model=model, max_images_per_prompt=8), renderer)
-    apps = {"render": render_app, "generate": generate_app(engine, model)}
+    if weight_dir is not None:
+        generate_settings["weight_transfer_dir"] = weight_dir
+    apps = {"render": render_app, "generate": generate_app(engine, model, **generate_settings)}
     async with AsyncExitStack() as stack:
         for app in apps.values():
             await stack.enter_async_context(app.router.lifespan_context(app))
         client = AsyncTandemClient(
-            "http://render", "http://generate", model=model, transport=HostRouter(apps)
+            "http://render",
+            "http://generate",
+            model=model,
+            weight_dir=weight_dir,
+            transport=HostRouter(apps),
         )
         stack.push_async_callback(client.aclose)
         yield client

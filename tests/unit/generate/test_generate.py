@@ -115,6 +115,10 @@ async def test_streaming_matches_the_full_answer(app, qwen2_renderer, qwen2_dir)
     assert [e["token_id"] for e in lp] == streamed
     assert chunks[-1]["usage"]["completion_tokens"] == len(streamed)
     assert any(c["finish_reason"] == "length" for ch in chunks for c in ch["choices"])
+    # Weight versions ride the last chunk of each sample only, covering its whole output.
+    versions = [c["weight_versions"] for ch in chunks for c in ch["choices"]]
+    assert versions[-1] == [{"version": "default", "start": 0, "end": len(streamed)}]
+    assert all(v is None for v in versions[:-1])
 
 
 def _json_doc(req):
@@ -145,7 +149,8 @@ async def test_models_health_reset_and_metrics(app, qwen2_dir):
     async with app_client(app) as c:
         assert (await c.get("/health")).json() == {"status": "ok"}
         assert (await c.get("/v1/models")).json()["data"][0]["id"] == qwen2_dir
-        assert (await c.post("/reset_prefix_cache")).status_code == 200
+        # A state-changing route: refused with no key unless --enable-control-routes.
+        assert (await c.post("/reset_prefix_cache")).status_code == 403
         text = (await c.get("/metrics")).text
         assert "tandem_generate_requests" in text
         assert "vllm:num_requests_running{" in text  # the engine's own gauges, beside ours

@@ -193,3 +193,27 @@ def test_adapter_is_zero_copy():
     wire = decode_item(buf)
     t = item_to_vllm(wire)["x"].data
     assert t.data_ptr() == wire["x"].data.ctypes.data
+
+
+def test_weight_versions_on_choices_read_both_ways():
+    """A choice's ``weight_versions`` as upstream's token-mode response shapes it."""
+    import json
+
+    from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateTokensResponse
+    from vllm.outputs import WeightVersionSpan as VllmSpan
+
+    from tandem_wire import GenerateResponse, WireFormat, decode_document, encode_document
+
+    spans = [VllmSpan("default", 0, 3), VllmSpan("step-1", 3, 5)]
+    upstream = GenerateTokensResponse(
+        request_id="r",
+        choices=[{"index": 0, "token_ids": [1, 2, 3, 4, 5], "weight_versions": spans}],
+    )
+    ours = decode_document(upstream.model_dump_json().encode(), GenerateResponse, WireFormat.JSON)
+    got = ours.choices[0].weight_versions
+    assert [(s.version, s.start, s.end) for s in got or []] == [
+        ("default", 0, 3),
+        ("step-1", 3, 5),
+    ]
+    back = GenerateTokensResponse.model_validate(json.loads(encode_document(ours, WireFormat.JSON)))
+    assert back.choices[0].weight_versions == spans

@@ -1,0 +1,191 @@
+"""The engine's control surface for RL trainers: pause/resume and weight updates.
+
+The vLLM adapter behind the control routes: each call is the ``AsyncLLM`` method vLLM 0.32's
+own RL router (``vllm/entrypoints/rl/online/api_router.py``) calls, with the refusals a caller
+should see as typed 4xx made here, before anything reaches the engine: calls out of order,
+no weight-transfer backend, and for the ``tandem_file`` backend a path outside the folder or a
+file whose tensors the model does not take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from vllm.config import VllmConfig
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferInitRequest,
+    WeightTransferUpdateRequest,
+)
+
+from tandem_http import BadRequest
+
+from .engine import Engine
+from .errors import (
+    InvalidWeightUpdate,
+    WeightPathNotAllowed,
+    WeightTransferNotConfigured,
+    WeightUpdateConflict,
+)
+from .weight_files import (
+    BACKEND,
+    TensorSpec,
+    WeightFileRefused,
+    check_update,
+    checkpoint_spec,
+    confine,
+    model_folder,
+    read_header,
+)
+
+__all__ = ["EngineControl", "PAUSE_MODES"]
+
+PAUSE_MODES = ("abort", "wait", "keep")
+"""vLLM 0.32's ``PauseMode`` values."""
+
+log = logging.getLogger("tandem.generate")
+
+_CONFIG_JSON = pydantic.TypeAdapter(VllmConfig)
+
+
+class EngineControl:
+    """Pause, resume and weight updates on one engine; one per process (it tracks whether an
+    update is under way, as vLLM's worker does, to refuse calls out of order up front)."""
+
+    def __init__(self, engine: Engine, weight_dir: str | None) -> None:
+        self.engine = engine
+        self.llm = engine.llm
+        self.weight_dir = weight_dir
+        wt = engine.vllm_config.weight_transfer_config
+        self.backend: str | None = None if wt is None else str(wt.backend)
+        self._updating = False
+        self._lock = asyncio.Lock()  # one weight call at a time: they change shared state
+        self._spec: dict[str, TensorSpec] | None = None
+
+    # -- pause -------------------------------------------------------------------------------
+
+    async def pause(self, mode: str, clear_cache: bool) -> None:
+        if mode not in PAUSE_MODES:
+            raise BadRequest(f"mode must be one of {', '.join(PAUSE_MODES)}", param="mode")
+        await self.llm.pause_generation(mode=mode, clear_cache=clear_cache)  # type: ignore[arg-type]
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+
+    async def is_paused(self) -> bool:
+        return bool(await self.llm.is_paused())
+
+    async def abort_requests(self, request_ids: list[str] | None) -> int:
+        """Abort requests in flight: all of them, or those with the given ids (a caller's id
+        matches every engine request made for it; the engine adds a suffix to each)."""
+        states = self.llm.output_processor.request_states
+        running = {s.external_req_id for s in states.values() if s.external_req_id is not None}
+        if request_ids:
+            asked = set(request_ids)
+            ids = [r for r in running if r in asked or r.rpartition("-")[0] in asked]
+        else:
+            ids = list(running)
+        if ids:
+            await self.llm.abort(ids)
+        return len(ids)
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def _require_backend(self) -> None:
+        if self.backend is None:
+            raise WeightTransferNotConfigured(
+                "this server has no weight-transfer engine; start it with "
+                '--weight-transfer-config \'{"backend": "tandem_file"}\' (or nccl/ipc on GPUs)'
+            )
+
+    async def init_transfer(self, init_info: dict[str, Any]) -> None:
+        self._require_backend()
+        if self.backend == BACKEND and init_info:
+            raise BadRequest("the tandem_file backend takes no init_info", param="init_info")
+        async with self._lock:
+            await self.llm.init_weight_transfer_engine(
+                WeightTransferInitRequest(init_info=init_info)
+            )
+
+    async def start_update(self) -> None:
+        self._require_backend()
+        async with self._lock:
+            if self._updating:
+                raise WeightUpdateConflict("a weight update is already under way; finish it first")
+            await self.llm.start_weight_update()
+            self._updating = True
+
+    async def update(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self._require_backend()
+        async with self._lock:
+            if not self._updating:
+                raise WeightUpdateConflict("start_weight_update must come before update_weights")
+            if self.backend == BACKEND:
+                update_info = await asyncio.to_thread(self._checked_files, update_info)
+            try:
+                await self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+            except Exception:
+                # vLLM's worker ends the update when a chunk fails; so do we.
+                self._updating = False
+                raise
+
+    async def finish_update(self, weight_version: str | None) -> None:
+        self._require_backend()
+        async with self._lock:
+            if not self._updating:
+                raise WeightUpdateConflict(
+                    "finish_weight_update called without a matching start_weight_update"
+                )
+            self._updating = False
+            await self.llm.finish_weight_update(weight_version)
+        # KV blocks and vision embeddings computed by the old weights must not be reused.
+        await self.llm.reset_prefix_cache()
+        await self.llm.reset_encoder_cache()
+
+    async def set_version(self, version: str) -> None:
+        await self.llm.update_weight_version(version)
+
+    async def version(self) -> str:
+        return str(await self.llm.get_weight_version())
+
+    def world_size(self, include_dp: bool) -> int:
+        pc = self.engine.vllm_config.parallel_config
+        return int(pc.world_size_across_dp if include_dp else pc.world_size)
+
+    def server_info(self) -> dict[str, Any]:
+        """``/server_info?config_format=json`` as upstream answers it, without its environment
+        sections (TRL reads ``vllm_config.weight_transfer_config``)."""
+        cfg = _CONFIG_JSON.dump_python(self.engine.vllm_config, mode="json", fallback=str)
+        return {"vllm_config": cfg}
+
+    # -- the tandem_file backend's checks ------------------------------------------------------
+
+    def _checked_files(
+        self, update_info: dict[str, Any] | list[dict[str, Any]]
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """The update with each path resolved inside the folder and its file checked against
+        the model: a refusal here is a 4xx, and the engine was never asked for anything."""
+        if self._spec is None:
+            mc = self.engine.model_config
+            self._spec = checkpoint_spec(model_folder(mc.model, mc.revision))
+        serving = (str(self.engine.model_config.dtype).removeprefix("torch."),)
+        infos = update_info if isinstance(update_info, list) else [update_info]
+        out = []
+        for info in infos:
+            if set(info) != {"path"}:
+                raise BadRequest(
+                    'update_info for the tandem_file backend is {"path": FILE}',
+                    param="update_info",
+                )
+            try:
+                path = confine(info["path"], self.weight_dir)
+                check_update(read_header(path), self._spec, serving)
+            except WeightFileRefused as exc:
+                if exc.kind == "path":
+                    raise WeightPathNotAllowed(exc.message, param="update_info.path") from None
+                raise InvalidWeightUpdate(exc.message, param="update_info.path") from None
+            out.append({"path": str(Path(path))})
+        return out if isinstance(update_info, list) else out[0]

@@ -1,0 +1,245 @@
+"""Weight updates through the control routes on the real engine (the ``tandem_file`` backend).
+
+The trainer side is played here: it perturbs the tiny model's checkpoint with torch, writes
+the file into the weight-transfer folder and drives start/update/finish over HTTP. Every test
+that changes the shared engine's weights pushes the original checkpoint back (``restored``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ...support.asgi import app_client
+from .helpers import GREEDY, client_stack, generate_app, post, render, tokens
+
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
+
+PERTURBED = "lm_head.weight"
+# Whole layers besides the head: fused on load (q/k/v -> qkv_proj, gate/up -> gate_up_proj)
+# and pre-packed by the CPU kernels, so a reload that skipped either would show in the tokens.
+PERTURBED_LAYERS = ("model.layers.1.", "visual.blocks.0.")
+
+
+def checkpoint(model_dir: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(model_dir) / "model.safetensors"))
+
+
+def perturbed(model_dir: str) -> dict:
+    """A toy training step: the output projection and two whole layers moved, far enough to
+    change greedy tokens. Only the changed tensors are returned (an update may be partial)."""
+    import torch
+
+    weights = checkpoint(model_dir)
+    gen = torch.Generator().manual_seed(7)
+    out = {}
+    for name, w in weights.items():
+        if name == PERTURBED or name.startswith(PERTURBED_LAYERS):
+            noise = torch.randn(w.shape, generator=gen, dtype=torch.float32)
+            out[name] = (w.float() + noise * (w.float().std() + 0.01) * 4).to(w.dtype)
+    return out
+
+
+def save(tensors: dict, path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path
+
+
+@pytest.fixture
+def weight_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def app(qwen2_engine, qwen2_dir, weight_dir):
+    return generate_app(
+        qwen2_engine, qwen2_dir, enable_control_routes=True, weight_transfer_dir=str(weight_dir)
+    )
+
+
+async def push(c, path: str, version: str | None) -> None:
+    assert (await c.post("/start_weight_update", json={})).status_code == 200
+    r = await c.post("/update_weights", json={"update_info": {"path": path}})
+    assert r.status_code == 200, r.text
+    r = await c.post("/finish_weight_update", json={"weight_version": version})
+    assert r.status_code == 200, r.text
+
+
+@asynccontextmanager
+async def restored(c, qwen2_dir: str, weight_dir: Path):
+    """Whatever happens inside, the shared engine ends with its original weights and label."""
+    try:
+        yield
+    finally:
+        await c.post("/resume")
+        await c.post("/finish_weight_update", json={})  # ends a half-done update, if any
+        original = save(checkpoint(qwen2_dir), weight_dir / "original.safetensors")
+        await push(c, original.name, "default")
+
+
+async def test_update_gives_the_tokens_of_an_engine_loaded_from_the_new_checkpoint(
+    app, qwen2_engine, qwen2_renderer, qwen2_dir, weight_dir, tmp_path
+):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from tandem_generate.engine import Engine
+
+    req = await render(qwen2_renderer, qwen2_dir, [1], **GREEDY)
+    new = perturbed(qwen2_dir)
+    # The reference: a fresh engine loaded from the perturbed checkpoint (then shut down).
+    fresh_dir = tmp_path / "perturbed-model"
+    shutil.copytree(qwen2_dir, fresh_dir)
+    save({**checkpoint(qwen2_dir), **new}, fresh_dir / "model.safetensors")
+    fresh = Engine(
+        AsyncEngineArgs(
+            model=str(fresh_dir),
+            served_model_name=qwen2_dir,
+            enforce_eager=True,
+            max_model_len=4096,
+            max_num_seqs=8,
+            seed=0,
+        )
+    )
+    try:
+        async with app_client(generate_app(fresh, qwen2_dir)) as c:
+            expected = tokens(await post(c, req))
+    finally:
+        fresh.shutdown()
+
+    update = save(new, weight_dir / "step-1.safetensors")
+    async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
+        before = await post(c, req)
+        assert before["choices"][0]["weight_versions"] == [
+            {"version": "default", "start": 0, "end": 8}
+        ]
+        await push(c, str(update), "step-1")  # an absolute path inside the folder
+        after = await post(c, req)
+        assert (await c.get("/weight_info")).json() == {"weight_version": "step-1"}
+    assert tokens(after) == expected
+    assert tokens(after) != tokens(before)
+    assert after["choices"][0]["weight_versions"] == [{"version": "step-1", "start": 0, "end": 8}]
+    # And the original weights are back: the first answer again.
+    async with app_client(app) as c:
+        assert tokens(await post(c, req)) == tokens(before)
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "type_"),
+    [
+        ("wrong_shape", 400, "invalid_weight_update"),
+        ("unknown_name", 400, "invalid_weight_update"),
+        ("wrong_dtype", 400, "invalid_weight_update"),
+        ("part_of_a_layer", 400, "invalid_weight_update"),
+        ("not_safetensors", 400, "invalid_weight_update"),
+        ("outside_folder", 400, "weight_path_not_allowed"),
+        ("dotdot", 400, "weight_path_not_allowed"),
+        ("symlink_out", 400, "weight_path_not_allowed"),
+    ],
+)
+async def test_a_bad_update_is_refused_and_the_old_weights_keep_serving(
+    app, qwen2_renderer, qwen2_dir, weight_dir, tmp_path, case, status, type_
+):
+    import torch
+
+    good = perturbed(qwen2_dir)
+    head = good[PERTURBED]
+    layer = "model.layers.0.self_attn.q_proj.weight"
+    files = {
+        "wrong_shape": {PERTURBED: head[:-1].clone()},
+        "unknown_name": {PERTURBED: head, "lm_head.extra": torch.zeros(2)},
+        "wrong_dtype": {PERTURBED: head.to(torch.float16)},
+        "part_of_a_layer": {layer: checkpoint(qwen2_dir)[layer]},
+    }
+    name = f"{case}.safetensors"
+    if case in files:
+        save(files[case], weight_dir / name)
+    elif case == "not_safetensors":
+        (weight_dir / name).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}......")
+    elif case == "outside_folder":
+        name = str(save({PERTURBED: head}, tmp_path / name))
+    elif case == "dotdot":
+        save({PERTURBED: head}, tmp_path / name)
+        name = f"../{name}"
+    else:  # a link inside the folder to a file outside it
+        (weight_dir / name).symlink_to(save({PERTURBED: head}, tmp_path / name))
+    req = await render(qwen2_renderer, qwen2_dir, [2], **GREEDY)
+    async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
+        before = tokens(await post(c, req))
+        assert (await c.post("/start_weight_update", json={})).status_code == 200
+        r = await c.post("/update_weights", json={"update_info": {"path": name}})
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["type"] == type_
+        r = await c.post("/finish_weight_update", json={"weight_version": "bad"})
+        assert r.status_code == 200
+        assert tokens(await post(c, req)) == before
+
+
+async def test_calls_out_of_order_are_refused_as_vllm_refuses_them(app, qwen2_dir, weight_dir):
+    async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
+        r = await c.post("/update_weights", json={"update_info": {"path": "x.safetensors"}})
+        assert (r.status_code, r.json()["error"]["type"]) == (409, "weight_update_conflict")
+        r = await c.post("/finish_weight_update", json={})
+        assert r.status_code == 409
+        assert (await c.post("/start_weight_update", json={})).status_code == 200
+        r = await c.post("/start_weight_update", json={})
+        assert (r.status_code, r.json()["error"]["type"]) == (409, "weight_update_conflict")
+        assert (await c.post("/finish_weight_update", json={})).status_code == 200
+
+
+async def test_version_label_without_new_weights(app, qwen2_dir, weight_dir):
+    async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
+        r = await c.post("/update_weight_version", json={"new_version": "relabelled"})
+        assert r.json() == {"success": True, "new_version": "relabelled"}
+        assert (await c.get("/weight_info")).json() == {"weight_version": "relabelled"}
+
+
+async def test_server_info_and_world_size_answer_as_trl_reads_them(app):
+    async with app_client(app) as c:
+        info = (await c.get("/server_info", params={"config_format": "json"})).json()
+        assert info["vllm_config"]["weight_transfer_config"] == {"backend": "tandem_file"}
+        assert (await c.get("/get_world_size")).json() == {"world_size": 1}
+        assert (await c.get("/is_paused")).json() == {"is_paused": False}
+
+
+async def test_the_client_updates_the_nodes_and_rollouts_name_the_version(
+    qwen2_engine, qwen2_renderer, qwen2_dir, weight_dir
+):
+    import tandem_client as tc
+
+    stack = client_stack(
+        qwen2_engine, qwen2_renderer, qwen2_dir, str(weight_dir), enable_control_routes=True
+    )
+    sampling = {"temperature": 0.0, "max_tokens": 6, "logprobs": None}
+    async with stack as client:
+        try:
+            before = await client.rollout(["a red square", "two cats"], **sampling)
+            assert before.versions() == ["default", "default"]
+            await client.update_weights(perturbed(qwen2_dir), version="step-1")  # torch bf16
+            assert list(weight_dir.iterdir()) == []  # the client removed its file
+            assert await client.weight_versions() == {"http://generate": "step-1"}
+            after = await client.rollout(["a red square", "two cats"], **sampling)
+            assert after.versions() == ["step-1", "step-1"]
+            assert after.as_dict()["weight_versions"][0] == [
+                {"version": "step-1", "start": 0, "end": 6}
+            ]
+            assert after.completion_ids != before.completion_ids
+            with pytest.raises(tc.WeightUpdateError) as refused:
+                await client.update_weights({"no.such.tensor": np.zeros(2)}, version="bad")
+            assert refused.value.type == "invalid_weight_update"
+            assert await client.weight_versions() == {"http://generate": "step-1"}
+            again = await client.rollout(["a red square", "two cats"], **sampling)
+            assert again.completion_ids == after.completion_ids
+        finally:
+            await client.update_weights(checkpoint(qwen2_dir), version="default")
+        restored_ = await client.rollout(["a red square", "two cats"], **sampling)
+        assert restored_.completion_ids == before.completion_ids
