@@ -123,3 +123,19 @@ def tandem_render(model: str, workers: int = 1) -> ServerProcess:
 
 def tandem_generate(model: str) -> ServerProcess:
     return _start("tandem-generate", "tandem_generate", ["--model", model, *CPU_ENGINE_ARGS])
+
+
+def tandem_front(
+    model: str,
+    render: str | list[str],
+    generate: str | list[str],
+    *extra: str,
+    workers: int = 1,
+) -> ServerProcess:
+    """The front door over the given render and generate URLs (extra flags appended)."""
+
+    def joined(urls: str | list[str]) -> str:
+        return urls if isinstance(urls, str) else ",".join(urls)
+
+    args = ["--model", model, "--render", joined(render), "--generate", joined(generate)]
+    return _start("tandem-front", "tandem_front", [*args, "--workers", str(workers), *extra])

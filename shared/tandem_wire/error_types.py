@@ -85,3 +85,15 @@ INVALID_SAMPLING_PARAMS = "invalid_sampling_params"
 """400: a sampling field that is unknown, not allowed here, or out of range."""
 ENGINE_NOT_READY = "engine_not_ready"
 """503: the engine is starting or has failed."""
+
+# Front door.
+UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+"""503: no node of a tier could be reached (or none is healthy); the message names the tier."""
+CONTROL_PARTIAL_FAILURE = "control_partial_failure"
+"""502: a control route fanned out to every generate node failed on some; ``details.failed``
+names each failed node with its status and error type, ``details.succeeded`` the others."""
+CONTROL_ROUTES_DISABLED = "control_routes_disabled"
+"""403: a state-changing control route on a server with neither an API key nor
+``--enable-control-routes``."""
+UPSTREAM_ERROR = "upstream_error"
+"""502: an upstream answered something the front door cannot read (not a typed error)."""
