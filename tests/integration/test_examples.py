@@ -66,7 +66,7 @@ def test_grpo_rollout_example(fleet):
     assert sum("advantage" in line for line in lines) == 6
 
 
-def test_make_demo_starts_the_pair_runs_the_example_and_stops():
+def test_make_demo_starts_the_stack_runs_the_examples_and_stops():
     run(
         "-m",
         "tools.run_stack",
@@ -74,6 +74,8 @@ def test_make_demo_starts_the_pair_runs_the_example_and_stops():
         "--render-port",
         str(free_port()),
         "--generate-port",
+        str(free_port()),
+        "--front-port",
         str(free_port()),
         "--render-workers",
         "1",
