@@ -19,8 +19,6 @@ class FrontMetrics:
     """Upstream answers >= 400 and failed connections, by node and kind."""
     upstream_retries: Counter
     """Requests moved to another node because one could not be reached, by tier."""
-    requests: Counter
-    """Requests answered by the front door, by route and status."""
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> FrontMetrics:
@@ -42,12 +40,6 @@ class FrontMetrics:
                 "tandem_front_upstream_retries",
                 "Requests moved to another node after a failed connection",
                 ["tier"],
-                registry=registry,
-            ),
-            requests=Counter(
-                "tandem_front_requests",
-                "Requests answered by the front door",
-                ["route", "status"],
                 registry=registry,
             ),
         )

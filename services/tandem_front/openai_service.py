@@ -54,7 +54,7 @@ class Texts(Protocol):
 
     def stream(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> TextStream: ...
 
-    def token_strings(self, token_ids: list[int]) -> list[str]: ...
+    def logprob_tokens(self, token_ids: list[int], context: list[int]) -> list[str]: ...
 
     def shape(self, kind: str, fields: dict[str, Any], *, chunk: bool = False) -> bytes: ...
 
@@ -306,22 +306,30 @@ class OpenAIService:
 
     # -- logprobs --------------------------------------------------------------------------
 
-    def _strings(self, logprobs: ChoiceLogprobs, ask: _Ask) -> dict[int, str]:
-        ids = sorted(
-            {e.token_id for e in logprobs.content or ()}
-            | {t.token_id for e in logprobs.content or () for t in e.top_logprobs}
-        )
-        if ask.as_token_ids:
-            return {i: f"token_id:{i}" for i in ids}
-        return dict(zip(ids, self.texts.token_strings(ids), strict=True))
+    def _positions(
+        self, logprobs: ChoiceLogprobs, ask: _Ask, context: list[int]
+    ) -> list[tuple[str, list[str]]]:
+        """Per position: the sampled token's text and its top tokens' texts. ``context``: the
+        tokens sampled before this part of the answer (extended here)."""
+        out = []
+        for e in logprobs.content or ():
+            ids = [e.token_id, *(t.token_id for t in e.top_logprobs)]
+            if ask.as_token_ids:
+                texts = [f"token_id:{i}" for i in ids]
+            else:
+                texts = self.texts.logprob_tokens(ids, context)
+            context.append(e.token_id)
+            out.append((texts[0], texts[1:]))
+        return out
 
-    def _chat_logprobs(self, logprobs: ChoiceLogprobs | None, ask: _Ask) -> Any:
+    def _chat_logprobs(
+        self, logprobs: ChoiceLogprobs | None, ask: _Ask, context: list[int] | None = None
+    ) -> Any:
         if logprobs is None or ask.top is None:
             return None
-        s = self._strings(logprobs, ask)
+        positions = self._positions(logprobs, ask, [] if context is None else context)
 
-        def entry(token_id: int, logprob: float) -> dict[str, Any]:
-            token = s[token_id]
+        def entry(token: str, logprob: float) -> dict[str, Any]:
             return {
                 "token": token,
                 "logprob": logprob,
@@ -332,21 +340,23 @@ class OpenAIService:
         return {
             "content": [
                 {
-                    **entry(e.token_id, e.logprob),
+                    **entry(token, e.logprob),
                     "top_logprobs": [
-                        entry(t.token_id, t.logprob)
-                        for i, t in enumerate(e.top_logprobs)
+                        entry(text, t.logprob)
+                        for i, (text, t) in enumerate(zip(tops, e.top_logprobs, strict=True))
                         if top == -1 or i < top
                     ],
                 }
-                for e in logprobs.content or ()
+                for (token, tops), e in zip(positions, logprobs.content or (), strict=True)
             ]
         }
 
-    def _completion_logprobs(self, logprobs: ChoiceLogprobs | None, ask: _Ask) -> Any:
+    def _completion_logprobs(
+        self, logprobs: ChoiceLogprobs | None, ask: _Ask, context: list[int] | None = None
+    ) -> Any:
         if logprobs is None or ask.top is None:
             return None
-        s = self._strings(logprobs, ask)
+        positions = self._positions(logprobs, ask, [] if context is None else context)
         out: dict[str, list[Any]] = {
             "text_offset": [],
             "token_logprobs": [],
@@ -354,8 +364,7 @@ class OpenAIService:
             "top_logprobs": [],
         }
         offset = 0
-        for e in logprobs.content or ():
-            token = s[e.token_id]
+        for (token, tops), e in zip(positions, logprobs.content or (), strict=True):
             out["text_offset"].append(offset)
             offset += len(token)
             out["tokens"].append(token)
@@ -363,8 +372,8 @@ class OpenAIService:
             # OpenAI's completions: the top ``logprobs`` plus the sampled token.
             out["top_logprobs"].append(
                 {
-                    s[t.token_id]: t.logprob
-                    for i, t in enumerate(e.top_logprobs)
+                    text: t.logprob
+                    for i, (text, t) in enumerate(zip(tops, e.top_logprobs, strict=True))
                     if ask.top == -1 or i <= ask.top
                 }
             )
@@ -407,6 +416,7 @@ class OpenAIService:
             prompt_tokens += len(gen.token_ids)
             streams: dict[int, TextStream] = {}
             counts: dict[int, int] = {}
+            sampled: dict[int, list[int]] = {}  # per choice: the logprob context so far
             try:
                 if ask.chat:
                     for i in range(n):
@@ -441,10 +451,11 @@ class OpenAIService:
                         lp = None
                         if c.get("logprobs") is not None:
                             parsed = msgspec.convert(c["logprobs"], ChoiceLogprobs)
+                            context = sampled.setdefault(i, [])
                             lp = (
-                                self._chat_logprobs(parsed, ask)
+                                self._chat_logprobs(parsed, ask, context)
                                 if ask.chat
-                                else self._completion_logprobs(parsed, ask)
+                                else self._completion_logprobs(parsed, ask, context)
                             )
                         choice: dict[str, Any] = {"index": p * n + i, "logprobs": lp}
                         if ask.chat:
@@ -533,12 +544,24 @@ def _json_object(body: bytes) -> dict[str, Any]:
 
 
 def _passed(response: httpx.Response, raw: bytes) -> Response:
-    # The body was read (and decoded, if it was compressed): its length is set anew.
-    passed = Response(raw, status_code=response.status_code)
+    """An upstream refusal for the caller: status, headers and document unchanged, but in JSON
+    (the OpenAI routes' callers speak JSON; the door asked the tiers for msgpack)."""
     kept = [
         (k, v)
         for k, v in downstream_headers(response)
-        if k not in (b"content-length", b"content-encoding")
+        if k not in (b"content-length", b"content-encoding", b"content-type")
     ]
-    passed.raw_headers = [*kept, (b"content-length", str(len(raw)).encode("ascii"))]
+    ctype = response.headers.get("content-type", "")
+    if "msgpack" in ctype:
+        try:
+            raw = json.dumps(msgspec.msgpack.decode(raw), separators=(",", ":")).encode()
+            ctype = "application/json"
+        except (msgspec.DecodeError, TypeError, ValueError):
+            raise UpstreamError("an upstream answered an unreadable error") from None
+    passed = Response(raw, status_code=response.status_code)
+    passed.raw_headers = [
+        *kept,
+        (b"content-type", (ctype or "application/json").encode("latin-1")),
+        (b"content-length", str(len(raw)).encode("ascii")),
+    ]
     return passed

@@ -24,6 +24,7 @@ from vllm.tokenizers import get_tokenizer
 from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+from vllm.v1.engine.logprobs import LogprobsProcessor
 
 from .settings import FrontSettings
 
@@ -68,6 +69,15 @@ class VllmTexts:
         self.tokenizer = get_tokenizer(
             settings.tokenizer or settings.model, trust_remote_code=settings.trust_remote_code
         )
+        # vLLM's own logprob-token decoding, for its correction of byte-fallback pieces.
+        self._logprobs = LogprobsProcessor(
+            tokenizer=self.tokenizer,
+            logprobs=None,
+            prompt_logprobs=None,
+            cumulative_logprob=None,
+            num_logprobs=None,
+            num_prompt_logprobs=None,
+        )
 
     def stream(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> VllmTextStream:
         given = {k: sampling[k] for k in _TEXT_FIELDS if sampling.get(k) is not None}
@@ -85,9 +95,12 @@ class VllmTexts:
         )
         return VllmTextStream(IncrementalDetokenizer.from_new_request(self.tokenizer, request))
 
-    def token_strings(self, token_ids: list[int]) -> list[str]:
-        """Each token's own text, as vLLM shows it in logprobs."""
-        return convert_ids_list_to_tokens(self.tokenizer, token_ids)
+    def logprob_tokens(self, token_ids: list[int], context: list[int]) -> list[str]:
+        """The texts of one position's logprob tokens (sampled first, then the top ones) as
+        vLLM's engine writes them: each token alone, a piece of a split UTF-8 character
+        completed from ``context`` (the tokens sampled before) or left empty."""
+        decoded = convert_ids_list_to_tokens(self.tokenizer, token_ids)
+        return self._logprobs._verify_tokens(decoded, token_ids, context)
 
     def shape(self, kind: str, fields: dict[str, Any], *, chunk: bool = False) -> bytes:
         """``fields`` through vLLM's response model ``kind``, serialized as ``vllm serve``

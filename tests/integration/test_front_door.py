@@ -56,7 +56,7 @@ def test_health_models_metrics(fleet, front_door):
     assert httpx.post(f"{url}/v1/chat/completions/render", json=body).status_code == 200
     # Both workers' values, from their files (a labelled metric shows once it has a value).
     metrics = httpx.get(f"{url}/metrics").text
-    assert 'tandem_front_upstream_latency_seconds_count{node="' in metrics
+    assert 'tandem_front_upstream_latency_seconds_count{tier="render"' in metrics
 
 
 def test_openai_chat_with_two_images_equals_vllm_serve(fleet, front_door):
@@ -185,42 +185,41 @@ def test_trl_client_unmodified(fleet, front_door):
     from trl.generation.vllm_generation import VLLMGeneration
 
     model, urls = fleet
+    processor = AutoProcessor.from_pretrained(model)
+    images = [[pil(51), pil(52)], [pil(53), pil(54)]]
+    questions = ["What is it?", "Which is larger?"]
+    sampling = {"n": 4, "temperature": 1.0, "top_k": 1, "max_tokens": 8, "logprobs": 0}
+
+    # The batch through tandem_client, straight to the pair: prompts with one image token per
+    # image, expanded by render.
+    def template(question: str) -> list[int]:
+        content = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": question}]
+        text = processor.tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+        return processor.tokenizer.encode(text, add_special_tokens=False)
+
+    async def through_tandem_client():
+        async with AsyncTandemClient(urls["render"], urls["generate"], model=model) as tc:
+            return await tc.rollout([template(q) for q in questions], images, **sampling)
+
+    expected = asyncio.run(through_tandem_client())
+
+    # The same batch as a TRL trainer makes it: its expanded prompt ids, the images' features
+    # from the server, re-pointed by TRL's own code, generated through the front door.
     client = VLLMClient(base_url=front_door[0])
     assert client.model == model
-    images = [[pil(51), pil(52)], [pil(53), pil(54)]]
     features = client.image_features(images)
-    # The trainer's own token ids: one conversation per prompt, rendered once.
-    prompts = [
-        httpx.post(
-            f"{front_door[0]}/v1/chat/completions/render",
-            json={"model": model, "messages": image_chat([s, s + 1], "What is it?")},
-            timeout=120,
-        ).json()["token_ids"]
-        for s in (51, 53)
-    ]
-    # What TRL's trainer does with them: its processor's image token, its own re-pointing.
-    processor = AutoProcessor.from_pretrained(model)
     trainer = SimpleNamespace(processing_class=processor)
+    prompts = expected.prompt_ids
     placed = [
         VLLMGeneration._place_features(trainer, f, p)
         for f, p in zip(features, prompts, strict=True)
     ]
-    out = client.generate(
-        prompts=prompts, features=placed, n=4, temperature=1.0, top_k=1, max_tokens=8, logprobs=0
-    )
+    out = client.generate(prompts=prompts, features=placed, **sampling)
     assert out["prompt_ids"] == prompts
-    assert len(out["completion_ids"]) == 8 and len(out["logprobs"]) == 8
-    assert all(len(step) == 1 for seq in out["logprobs"] for step in seq)
-    assert [s[0] for s in out["logprob_token_ids"][0]] == out["completion_ids"][0]
-
-    async def through_tandem_client():
-        async with AsyncTandemClient(urls["render"], urls["generate"], model=model) as tc:
-            return await tc.rollout(
-                prompts, images, n=4, temperature=1.0, top_k=1, max_tokens=8, logprobs=0
-            )
-
-    expected = asyncio.run(through_tandem_client())
-    assert out["completion_ids"] == expected.completion_ids
+    assert out["completion_ids"] == expected.completion_ids and len(out["completion_ids"]) == 8
+    assert out["logprob_token_ids"] == expected.logprob_token_ids
     for ours, theirs in zip(out["logprobs"], expected.logprobs, strict=True):
         assert np.allclose(ours, theirs, atol=1e-3)
 
