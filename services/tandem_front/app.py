@@ -25,13 +25,14 @@ from tandem_wire import WireFormat, format_of_content_type
 
 from .affinity import request_id_of_body, routing_key
 from .control import CONTROL_ROUTES, ControlRoute, fan_out
-from .errors import ControlRoutesDisabled, UpstreamUnavailable
+from .errors import ControlRoutesDisabled, UpstreamError, UpstreamUnavailable
 from .metrics import FrontMetrics
 from .openai_service import OpenAIService, Texts
 from .proxy import Forwarder, OnceStream, upstream_headers
 from .settings import SETTINGS_ENV, FrontSettings
 from .trl_compat import HEADER as LOGPROBS_FORMAT_HEADER
 from .trl_compat import TRL_REQUEST_PREFIX, with_token_strings
+from .upstreams import Upstreams
 
 __all__ = ["create_app", "app_from_env"]
 
@@ -45,8 +46,6 @@ def create_app(
 ) -> FastAPI:
     """Build the app. Without ``texts``, the tokenizer-backed detokenizer (vLLM's) is built at
     start-up; ``transport`` replaces the network for in-process tests."""
-    from .upstreams import Upstreams
-
     registry = CollectorRegistry(auto_describe=True)
     metrics = FrontMetrics.create(registry)
 
@@ -107,7 +106,11 @@ def create_app(
         ctype = response.headers.get("content-type", "")
         if response.status_code != 200 or "json" not in ctype:
             return Response(raw, response.status_code, media_type=ctype or None)
-        return JSONResponse(with_token_strings(json.loads(raw)))
+        try:
+            document = json.loads(raw)
+        except ValueError:
+            raise UpstreamError(f"{node.url} answered unreadable JSON") from None
+        return JSONResponse(with_token_strings(document))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
