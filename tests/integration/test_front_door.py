@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from tandem_client import AsyncTandemClient, RolloutResult
+from tandem_client import AsyncTandemClient
 from tandem_client.routing import rendezvous_order
 
 from ..support.images import data_url, png_bytes
@@ -188,10 +188,15 @@ def test_trl_client_unmodified(fleet, front_door):
     processor = AutoProcessor.from_pretrained(model)
     images = [[pil(51), pil(52)], [pil(53), pil(54)]]
     questions = ["What is it?", "Which is larger?"]
+    # top_k=1: greedy samples (vLLM refuses n > 1 at temperature 0). The tiny model's logits
+    # are nearly flat, so exact ties happen (top_k keeps every tied token and samples among
+    # them: a seed makes that pick the same both ways), and a sample whose prefill came from
+    # the prefix cache (as n > 1 siblings may, by scheduling) can pick another token.
     sampling = {"n": 4, "temperature": 1.0, "top_k": 1, "max_tokens": 8, "logprobs": 0}
+    fixed = {"skip_reading_prefix_cache": True, "seed": 0}
 
-    # The batch through tandem_client, straight to the pair: prompts with one image token per
-    # image, expanded by render.
+    # tandem_client, straight to the pair: prompts with one image token per image, expanded
+    # by render, generated on the node the door would pick.
     def template(question: str) -> list[int]:
         content = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": question}]
         text = processor.tokenizer.apply_chat_template(
@@ -199,32 +204,32 @@ def test_trl_client_unmodified(fleet, front_door):
         )
         return processor.tokenizer.encode(text, add_special_tokens=False)
 
+    async def through_tandem_client(question: str, imgs: list) -> tuple[list[int], list, list]:
+        async with AsyncTandemClient(urls["render"], front_door[1], model=model) as tc:
+            (req,) = await tc.render_completion([template(question)], images=[imgs])
+            answer = await tc.generate(req, **sampling, **fixed)
+        choices = sorted(answer.choices, key=lambda c: c.index)
+        logprobs = [[[t.logprob] for t in c.logprobs.content] for c in choices]
+        return req.token_ids, [c.token_ids for c in choices], logprobs
+
     client = VLLMClient(base_url=front_door[0])
     assert client.model == model
     trainer = SimpleNamespace(processing_class=processor)
     features = client.image_features(images)
-
-    async def through_tandem_client(question: str, imgs: list) -> RolloutResult:
-        async with AsyncTandemClient(urls["render"], front_door[1], model=model) as tc:
-            return await tc.rollout([template(question)], [imgs], **sampling)
-
     for question, imgs, feats in zip(questions, images, features, strict=True):
-        # Each request meets the same engine in the same state both ways: one prompt at a
-        # time, on the node the door picks too, after a prefix-cache reset (the tiny model's
-        # logits are nearly flat: a cached prefix or another batch changes its greedy picks).
-        client.reset_prefix_cache()
-        want = asyncio.run(through_tandem_client(question, imgs))
-        (prompt,) = want.prompt_ids  # expanded: what a TRL trainer holds
-        # The same prompt as a TRL trainer makes it: the images' features from the server,
-        # re-pointed by TRL's own code, generated through the front door.
+        prompt, completions, logprobs = asyncio.run(through_tandem_client(question, imgs))
+        # TRL's way: the prompt as its trainer holds it (expanded), the images' features from
+        # the server, re-pointed by TRL's own code, generated through the front door.
         placed = VLLMGeneration._place_features(trainer, feats, prompt)
-        client.reset_prefix_cache()
-        out = client.generate(prompts=[prompt], features=[placed], **sampling)
+        out = client.generate(
+            prompts=[prompt], features=[placed], **sampling, generation_kwargs=fixed
+        )
         assert out["prompt_ids"] == [prompt]
-        assert out["completion_ids"] == want.completion_ids and len(out["completion_ids"]) == 4
-        assert out["logprob_token_ids"] == want.logprob_token_ids
-        for ours, theirs in zip(out["logprobs"], want.logprobs, strict=True):
+        assert out["completion_ids"] == completions and len(completions) == 4
+        assert out["logprob_token_ids"] == [[[t] for t in c] for c in completions]
+        for ours, theirs in zip(out["logprobs"], logprobs, strict=True):
             assert np.allclose(ours, theirs, atol=1e-3)
+    client.reset_prefix_cache()
 
     chat = client.chat(
         [[{"role": "user", "content": "hi"}]], n=2, temperature=1.0, top_k=1, max_tokens=5
