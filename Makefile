@@ -18,13 +18,14 @@ MODEL ?=
 RENDER_PORT ?= 8100
 RENDER_WORKERS ?=
 GENERATE_PORT ?= 8200
+FRONT_PORT ?= 8000
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit fuzz lint format bench-wire bench-render bench-generate bench-weights run-render run-generate run demo clean
+.PHONY: help setup models test test-unit fuzz lint format bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
 
 help:
-	@echo "make run         render + generate on 127.0.0.1 (tiny model unless MODEL=...), run the example, serve until Ctrl-C"
+	@echo "make run         render + generate + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
 	@echo "make demo        the same, but stop after the example"
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
 	@echo "make test        set up if needed, lint, then run the test suite"
@@ -35,6 +36,7 @@ help:
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make bench-generate  render->generate vs upstream's pair and monolithic server (API CPU/request)"
 	@echo "make bench-weights  weight updates (tiny model, synthetic 1 GB) vs a plain copy of the bytes"
+	@echo "make bench-front-door  front door: proxied vs direct generate (CPU/MB, added p50); OpenAI chat vs vllm serve"
 	@echo "make run-render  serve render on 127.0.0.1:$(RENDER_PORT) (MODEL=... or the tiny Qwen2-VL)"
 	@echo "make run-generate  serve generate on 127.0.0.1:$(GENERATE_PORT) (same model choice)"
 
@@ -77,16 +79,19 @@ bench-generate: setup
 bench-weights: setup
 	$(PY) -m tools.bench_weights
 
+bench-front-door: setup
+	$(PY) -m tools.bench_front_door
+
 # Without MODEL, the tiny Qwen2-VL test model is built (seconds) and served.
 MODEL_DIR = "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}"
 
 run: setup
 	$(PY) -m tools.run_stack $(if $(MODEL),--model "$(MODEL)") --engine-args "$(ENGINE_ARGS)" \
-		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT)
+		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT) --front-port $(FRONT_PORT)
 
 demo: setup
 	$(PY) -m tools.run_stack --demo $(if $(MODEL),--model "$(MODEL)") --engine-args "$(ENGINE_ARGS)" \
-		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT)
+		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT) --front-port $(FRONT_PORT)
 
 run-render: setup
 	$(PY) -m tandem_render --model $(MODEL_DIR) --port $(RENDER_PORT) \

@@ -1,7 +1,8 @@
-"""`make run` / `make demo`: start render and generate on 127.0.0.1, run the example, serve on.
+"""`make run` / `make demo`: start render, generate and the front door on 127.0.0.1, run the
+examples against the front door (the one URL users get), serve on.
 
 Without ``--model`` the tiny Qwen2-VL test model is built (seconds) and served. ``--demo`` runs
-the example and stops everything; otherwise the pair keeps serving until Ctrl-C.
+the examples and stops everything; otherwise the stack keeps serving until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="", help="model folder or hub name (default: tiny)")
     parser.add_argument("--render-port", type=int, default=8100)
     parser.add_argument("--generate-port", type=int, default=8200)
+    parser.add_argument("--front-port", type=int, default=8000)
     parser.add_argument("--render-workers", type=int, default=0, help="default: one per core")
     parser.add_argument("--engine-args", default="--enforce-eager --max-model-len 4096")
     parser.add_argument("--demo", action="store_true", help="run the example, then stop")
@@ -61,41 +63,60 @@ def main(argv: list[str] | None = None) -> int:
         ),
         args.generate_port,
     )
+    front: ServerProcess | None = None
     try:
         print(f"starting render on {render.url} and generate on {generate.url} ({model})")
         render.wait_healthy(timeout=300)
         generate.wait_healthy(timeout=600)
-        print("both healthy; running examples/example_mm_serve.py", flush=True)
-        example = subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "examples" / "example_mm_serve.py"),
-                "--render-url",
+        front = ServerProcess(
+            "front",
+            python_module(
+                "tandem_front",
+                "--model",
+                model,
+                "--render",
                 render.url,
-                "--generate-url",
+                "--generate",
                 generate.url,
-            ],
-            check=False,
+                "--port",
+                str(args.front_port),
+                "--workers",
+                "1",
+                # Fans the control routes out to generate, for the local trainer (as above).
+                "--enable-control-routes",
+            ),
+            args.front_port,
         )
-        if example.returncode != 0:
-            print(f"the example failed ({example.returncode})", file=sys.stderr)
-            return example.returncode
+        front.wait_healthy(timeout=120)
+        print(f"front door on {front.url}; running the examples against it", flush=True)
+        examples = [
+            # vLLM's render -> generate flow by hand: the door serves both routes.
+            ["example_mm_serve.py", "--render-url", front.url, "--generate-url", front.url],
+            ["openai_chat.py", "--url", front.url],
+        ]
+        for example in examples:
+            done = subprocess.run(
+                [sys.executable, str(ROOT / "examples" / example[0]), *example[1:]], check=False
+            )
+            if done.returncode != 0:
+                print(f"{example[0]} failed ({done.returncode})", file=sys.stderr)
+                return done.returncode
         if args.demo:
             return 0
         print(
-            f"serving: render {render.url}, generate {generate.url} (weight updates from "
-            f"{args.weight_dir}); Ctrl-C to stop",
+            f"serving: front door {front.url} (render {render.url}, generate {generate.url}; "
+            f"weight updates from {args.weight_dir}); Ctrl-C to stop",
             flush=True,
         )
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        servers = {"render": render, "generate": generate}
+        servers = {"render": render, "generate": generate, "front": front}
         return supervise(servers)
     except KeyboardInterrupt:
         return 0
     finally:
-        for server in (render, generate, *servers.values()):
+        for server in (render, generate, *([front] if front else []), *servers.values()):
             server.stop()
-        print(f"logs: {render.log} {generate.log}")
+        print(f"logs: {render.log} {generate.log}" + (f" {front.log}" if front else ""))
 
 
 def supervise(servers: dict[str, ServerProcess]) -> int:

@@ -138,3 +138,19 @@ def weight_transfer_args(weight_dir: str) -> list[str]:
         "--weight-transfer-dir",
         weight_dir,
     ]
+
+
+def tandem_front(
+    model: str,
+    render: str | list[str],
+    generate: str | list[str],
+    *extra: str,
+    workers: int = 1,
+) -> ServerProcess:
+    """The front door over the given render and generate URLs (extra flags appended)."""
+
+    def joined(urls: str | list[str]) -> str:
+        return urls if isinstance(urls, str) else ",".join(urls)
+
+    args = ["--model", model, "--render", joined(render), "--generate", joined(generate)]
+    return _start("tandem-front", "tandem_front", [*args, "--workers", str(workers), *extra])

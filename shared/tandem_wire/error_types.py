@@ -100,3 +100,11 @@ WEIGHT_UPDATE_CONFLICT = "weight_update_conflict"
 while one is under way)."""
 WEIGHT_TRANSFER_NOT_CONFIGURED = "weight_transfer_not_configured"
 """409: weight-transfer calls on a server started without ``--weight-transfer-config``."""
+# Front door.
+UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+"""503: no node of a tier could be reached (or none is healthy); the message names the tier."""
+CONTROL_PARTIAL_FAILURE = "control_partial_failure"
+"""502: a control route fanned out to every generate node failed on some; ``details.failed``
+names each failed node with its status and error type, ``details.succeeded`` the others."""
+UPSTREAM_ERROR = "upstream_error"
+"""502: an upstream answered something the front door cannot read (not a typed error)."""

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tools.servers import tandem_generate, tandem_render, upstream_render, upstream_serve
+from tools.servers import (
+    tandem_front,
+    tandem_generate,
+    tandem_render,
+    upstream_render,
+    upstream_serve,
+)
 from tools.tiny_models import ensure_model
 
 
@@ -39,3 +45,31 @@ def fleet(fleet_servers):
     """The model folder and each fleet server's base URL."""
     model, procs = fleet_servers
     return model, {name: p.url for name, p in procs.items()}
+
+
+@pytest.fixture(scope="session")
+def second_generate(fleet_servers):
+    """A second generate process (the one extra engine a session may start), for affinity."""
+    model, _ = fleet_servers
+    proc = tandem_generate(model)
+    try:
+        proc.wait_healthy(timeout=300)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def front_door(fleet_servers, second_generate):
+    """The front door (2 workers) over our render and both generate processes: its URL, and
+    the generate URLs in the order given."""
+    model, procs = fleet_servers
+    generate_urls = [procs["generate"].url, second_generate.url]
+    proc = tandem_front(
+        model, procs["render"].url, generate_urls, "--enable-control-routes", workers=2
+    )
+    try:
+        proc.wait_healthy(timeout=120)
+        yield proc.url, generate_urls
+    finally:
+        proc.stop()

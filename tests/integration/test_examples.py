@@ -80,7 +80,7 @@ def test_grpo_rollout_example(fleet, weight_dir):
     assert info == {"weight_version": "default"}
 
 
-def test_make_demo_starts_the_pair_runs_the_example_and_stops():
+def test_make_demo_starts_the_stack_runs_the_examples_and_stops():
     run(
         "-m",
         "tools.run_stack",
@@ -88,6 +88,8 @@ def test_make_demo_starts_the_pair_runs_the_example_and_stops():
         "--render-port",
         str(free_port()),
         "--generate-port",
+        str(free_port()),
+        "--front-port",
         str(free_port()),
         "--render-workers",
         "1",

@@ -59,3 +59,12 @@ def test_every_tandem_generate_option_has_help(monkeypatch):
     assert len(ours._group_actions) >= 8
     assert _without_help(ours._group_actions) == {}
     parser.format_help()
+
+
+def test_every_front_door_option_has_help(monkeypatch):
+    from tandem_front.__main__ import parse_args
+
+    parser = _parser_of(parse_args, argparse.ArgumentParser, monkeypatch)
+    assert len(parser._actions) > 15
+    assert _without_help(parser._actions) == {}
+    parser.format_help()

@@ -40,16 +40,23 @@ def render_settings(args: list[str]):
     return parse_args([_defaults(a) for a in args])
 
 
+def front_settings(args: list[str]):
+    from tandem_front.__main__ import parse_args
+
+    return parse_args([_defaults(a) for a in args])
+
+
 def test_compose_services_and_profiles():
     services = compose()["services"]
-    assert {"render", "generate", "render-cpu", "generate-cpu", "tiny-model"} <= set(services)
+    names = {"render", "generate", "render-cpu", "generate-cpu", "tiny-model", "front", "front-cpu"}
+    assert names <= set(services)
     assert services["render"]["profiles"] == ["gpu"] and services["generate-cpu"]["profiles"] == [
         "cpu"
     ]
     assert services["render"]["deploy"]["replicas"] == "${RENDER_REPLICAS:-2}"
     gpu = services["generate"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
-    for name in ("render", "generate", "render-cpu", "generate-cpu"):
+    for name in ("render", "generate", "render-cpu", "generate-cpu", "front", "front-cpu"):
         svc = services[name]
         assert "/health" in " ".join(svc["healthcheck"]["test"]), name
         assert svc["restart"] == "unless-stopped", name
@@ -61,6 +68,31 @@ def test_compose_render_commands_are_accepted_by_the_cli():
     for name in ("render", "render-cpu"):
         settings = render_settings(services[name]["command"])
         assert settings.host == "0.0.0.0" and settings.port == 8100
+
+
+def test_the_front_door_is_the_one_url_over_both_tiers():
+    services = compose()["services"]
+    for name, tier in (("front", ""), ("front-cpu", "-cpu")):
+        svc = services[name]
+        assert svc["entrypoint"] == ["python", "-m", "tandem_front"]
+        settings = front_settings(svc["command"])
+        assert settings.port == 8000 and settings.host == "0.0.0.0"
+        assert settings.render_urls == (f"http://render{tier}:8100",)
+        assert settings.generate_urls == (f"http://generate{tier}:8200",)
+        assert set(svc["depends_on"]) == {f"render{tier}", f"generate{tier}"}
+        assert "TANDEM_UPSTREAM_API_KEY" in svc["environment"]
+    (front,) = [
+        d
+        for d in k8s_docs()
+        if d["metadata"]["name"] == "tandem-front" and d["kind"] == "Deployment"
+    ]
+    (container,) = front["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "tandem_front"]
+    settings = front_settings(container["args"])
+    assert settings.render_urls == ("http://tandem-render:8100",)
+    assert settings.generate_urls == ("http://tandem-generate-0.tandem-generate:8200",)
+    env = {e["name"] for e in container["env"]}
+    assert {"TANDEM_API_KEY", "TANDEM_UPSTREAM_API_KEY"} <= env
 
 
 @pytest.mark.vllm
@@ -107,6 +139,8 @@ def test_k8s_manifests():
         ("StatefulSet", "tandem-generate"),
         ("Service", "tandem-generate"),
         ("ConfigMap", "tandem-config"),
+        ("Deployment", "tandem-front"),
+        ("Service", "tandem-front"),
     } <= kinds
     for d in docs:
         assert d["apiVersion"] and d["metadata"]["name"]
@@ -120,7 +154,9 @@ def test_k8s_manifests():
             d["spec"]["selector"]["matchLabels"].items()
             <= d["spec"]["template"]["metadata"]["labels"].items()
         )
-    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    (deploy,) = [
+        d for d in docs if d["metadata"]["name"] == "tandem-render" and d["kind"] == "Deployment"
+    ]
     render_settings(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
     (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
     gpu = sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]

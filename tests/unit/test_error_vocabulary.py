@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tandem_client as tc
+import tandem_front.errors as front
 import tandem_generate.errors as gen
 import tandem_http as http
 import tandem_render.errors as render
@@ -61,11 +62,22 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     gen.WeightPathNotAllowed: tc.WeightUpdateError,
     gen.WeightUpdateConflict: tc.WeightUpdateError,
     gen.WeightTransferNotConfigured: tc.WeightUpdateError,
+    # front door
+    front.UpstreamUnavailable: tc.ServerError,
+    front.UpstreamError: tc.ServerError,
+    front.ControlPartialFailure: tc.ServerError,
+    front.ControlRoutesDisabled: tc.BadRequestError,
 }
 
 # Package bases: never raised themselves.
-BASES = {TandemHTTPError, wire.WireError, render.RenderError, gen.GenerateError}
-PACKAGES = ("tandem_wire", "tandem_http", "tandem_render", "tandem_generate")
+BASES = {
+    TandemHTTPError,
+    wire.WireError,
+    render.RenderError,
+    gen.GenerateError,
+    front.FrontError,
+}
+PACKAGES = ("tandem_wire", "tandem_http", "tandem_render", "tandem_generate", "tandem_front")
 
 
 def _subclasses(cls: type) -> set[type]:

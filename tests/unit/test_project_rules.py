@@ -67,6 +67,19 @@ def test_only_adapters_import_vllm():
     assert offenders == []
 
 
+def test_front_door_imports_vllm_only_in_its_adapter():
+    offenders = [
+        path.name
+        for path in (ROOT / "services" / "tandem_front").glob("*.py")
+        if path.name != "vllm_texts.py"
+        and "vllm" in {n.split(".")[0] for n in _module_imports(path)}
+    ]
+    assert offenders == []
+    # Importing the app (as worker processes do) loads no vLLM: the adapter comes at start-up.
+    mods = _imported_modules("import tandem_front.app, tandem_front.__main__")
+    assert "vllm" not in mods
+
+
 def _module_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     names: set[str] = set()

@@ -1,0 +1,1 @@
+"""tandem_front: one OpenAI- and vLLM-compatible URL over the render and generate tiers."""

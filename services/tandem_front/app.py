@@ -1,0 +1,191 @@
+"""The front door's HTTP face: pass-through routes, the OpenAI routes, health and control."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry
+
+from tandem_http import (
+    ApiKeyMiddleware,
+    RequestIdMiddleware,
+    install_error_handlers,
+    mark_process_dead,
+    metrics_response,
+    read_body,
+)
+from tandem_wire import WireFormat, format_of_content_type
+
+from .affinity import request_id_of_body, routing_key
+from .control import CONTROL_ROUTES, ControlRoute, fan_out
+from .errors import ControlRoutesDisabled, UpstreamError, UpstreamUnavailable
+from .metrics import FrontMetrics
+from .openai_service import OpenAIService, Texts
+from .proxy import Forwarder, OnceStream, upstream_headers
+from .settings import SETTINGS_ENV, FrontSettings
+from .trl_compat import HEADER as LOGPROBS_FORMAT_HEADER
+from .trl_compat import TRL_REQUEST_PREFIX, with_token_strings
+from .upstreams import Upstreams
+
+__all__ = ["create_app", "app_from_env"]
+
+RENDER_ROUTES = ("/v1/chat/completions/render", "/v1/completions/render")
+
+
+def create_app(
+    settings: FrontSettings,
+    texts: Texts | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
+    """Build the app. Without ``texts``, the tokenizer-backed detokenizer (vLLM's) is built at
+    start-up; ``transport`` replaces the network for in-process tests."""
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = FrontMetrics.create(registry)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        upstreams = Upstreams(settings, transport)
+        forwarder = Forwarder(upstreams, metrics)
+        text_side = texts
+        if text_side is None:
+            from .vllm_texts import VllmTexts
+
+            text_side = VllmTexts(settings)
+        app.state.upstreams = upstreams
+        app.state.forwarder = forwarder
+        app.state.openai = OpenAIService(settings, upstreams, forwarder, text_side)
+        try:
+            yield
+        finally:
+            await upstreams.aclose()
+            mark_process_dead(os.getpid())
+
+    app = FastAPI(title="Tandem front door", lifespan=lifespan, openapi_url=None)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))
+    app.add_middleware(RequestIdMiddleware)
+    install_error_handlers(app)
+
+    def forwarder(request: Request) -> Forwarder:
+        return request.app.state.forwarder  # type: ignore[no-any-return]
+
+    def openai(request: Request) -> OpenAIService:
+        return request.app.state.openai  # type: ignore[no-any-return]
+
+    async def render_route(request: Request) -> Response:
+        fwd = forwarder(request)
+        body = OnceStream(request.stream())
+        return await fwd.forward(fwd.upstreams.render_order(), request, request.url.path, body)
+
+    for path in RENDER_ROUTES:
+        app.add_api_route(path, render_route, methods=["POST"])
+
+    @app.post("/inference/v1/generate")
+    async def generate(request: Request) -> Response:
+        # The routing key sits somewhere in the body: it is read whole (capped), then sent on
+        # byte for byte.
+        body = await read_body(request, settings.max_body_bytes)
+        fmt = format_of_content_type(request.headers.get("content-type"))
+        fwd = forwarder(request)
+        nodes = fwd.upstreams.generate_order(routing_key(body, fmt))
+        if not _trl_shape(settings, request, body, fmt):
+            return await fwd.forward(nodes, request, "/inference/v1/generate", body)
+        headers = upstream_headers(request, len(body))
+        headers["accept"] = "application/json"
+        node, response = await fwd.open(nodes, "POST", "/inference/v1/generate", headers, body)
+        try:
+            raw = await response.aread()
+        finally:
+            await fwd.close(node, response)
+        ctype = response.headers.get("content-type", "")
+        if response.status_code != 200 or "json" not in ctype:
+            return Response(raw, response.status_code, media_type=ctype or None)
+        try:
+            document = json.loads(raw)
+        except ValueError:
+            raise UpstreamError(f"{node.url} answered unreadable JSON") from None
+        return JSONResponse(with_token_strings(document))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await read_body(request, settings.max_body_bytes)
+        return await openai(request).chat(body, request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await read_body(request, settings.max_body_bytes)
+        return await openai(request).completions(body, request)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        ups = forwarder(request).upstreams
+        render_ok = await ups.healthy(ups.render)
+        generate_ok = await ups.healthy(ups.generate)
+        missing = [t for t, ok in (("render", render_ok), ("generate", generate_ok)) if not ok]
+        if missing:
+            raise UpstreamUnavailable(
+                f"no healthy {' or '.join(missing)} node", details={"missing": missing}
+            )
+        return JSONResponse(
+            {"status": "ok", "render": len(render_ok), "generate": len(generate_ok)}
+        )
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        max_len = await openai(request).max_model_len()
+        data = [
+            {"id": n, "object": "model", "owned_by": "tandem", "max_model_len": max_len}
+            for n in settings.names()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return metrics_response(registry)
+
+    def control_handler(path: str, route: ControlRoute) -> Any:
+        async def handler(request: Request) -> Response:
+            if route.changes_state and not (settings.api_key or settings.enable_control_routes):
+                raise ControlRoutesDisabled(
+                    f"{path} changes engine state: start the front door with --api-key or "
+                    "--enable-control-routes to serve it"
+                )
+            body = await read_body(request, settings.max_body_bytes)
+            ups = forwarder(request).upstreams
+            status, answer = await fan_out(
+                ups,
+                route,
+                path,
+                request.url.query,
+                upstream_headers(request, len(body)),
+                body,
+                ups.generate,
+            )
+            return JSONResponse(answer, status_code=status)
+
+        return handler
+
+    for path, route in CONTROL_ROUTES.items():
+        app.add_api_route(path, control_handler(path, route), methods=[route.method])
+
+    return app
+
+
+def _trl_shape(settings: FrontSettings, request: Request, body: bytes, fmt: WireFormat) -> bool:
+    """Whether this generate answer gets TRL's logprob shape (see ``logprobs_format``)."""
+    mode = request.headers.get(LOGPROBS_FORMAT_HEADER) or settings.logprobs_format
+    if mode == "auto":
+        rid = request_id_of_body(body, fmt)
+        return rid is not None and rid.startswith(TRL_REQUEST_PREFIX)
+    return mode == "trl"
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory for worker processes: settings come from ``TANDEM_FRONT_SETTINGS``."""
+    return create_app(FrontSettings.from_json(os.environ[SETTINGS_ENV]))

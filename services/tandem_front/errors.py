@@ -1,0 +1,46 @@
+"""The front door's own errors (upstreams out of reach, partial fan-outs); errors an upstream
+answers are passed through unchanged, never re-raised as these."""
+
+from __future__ import annotations
+
+from tandem_wire import TandemHTTPError, error_types
+
+__all__ = [
+    "FrontError",
+    "UpstreamUnavailable",
+    "UpstreamError",
+    "ControlPartialFailure",
+    "ControlRoutesDisabled",
+]
+
+
+class FrontError(TandemHTTPError):
+    """Base of the errors only the front door answers with."""
+
+
+class UpstreamUnavailable(FrontError):
+    """No node of the tier the request needs could be reached, or none is healthy."""
+
+    status_code = 503
+    type = error_types.UPSTREAM_UNAVAILABLE
+
+
+class UpstreamError(FrontError):
+    """An upstream answered with something that is not a readable answer or typed error."""
+
+    status_code = 502
+    type = error_types.UPSTREAM_ERROR
+
+
+class ControlPartialFailure(FrontError):
+    """A fanned-out control route failed on some generate nodes (named in ``details``)."""
+
+    status_code = 502
+    type = error_types.CONTROL_PARTIAL_FAILURE
+
+
+class ControlRoutesDisabled(FrontError):
+    """State-changing control routes need an API key or ``--enable-control-routes``."""
+
+    status_code = 403
+    type = error_types.CONTROL_ROUTES_DISABLED
