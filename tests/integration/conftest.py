@@ -48,10 +48,11 @@ def fleet(fleet_servers):
 
 
 @pytest.fixture(scope="session")
-def second_generate(fleet_servers):
-    """A second generate process (the one extra engine a session may start), for affinity."""
+def second_generate(fleet_servers, weight_dir):
+    """A second generate process (the one extra engine a session may start), for affinity and
+    control fan-out; it reads weight updates from the same folder as the first."""
     model, _ = fleet_servers
-    proc = tandem_generate(model)
+    proc = tandem_generate(model, weight_dir)
     try:
         proc.wait_healthy(timeout=300)
         yield proc

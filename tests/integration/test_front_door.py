@@ -244,7 +244,48 @@ def test_reset_prefix_cache_reaches_every_generate_node(front_door):
     r = httpx.post(f"{front_door[0]}/reset_prefix_cache")
     assert r.status_code == 200
     assert {n["url"] for n in r.json()["nodes"]} == set(front_door[1])
-    assert all(n["body"] == {"reset": True} for n in r.json()["nodes"])
+    assert all(n["body"] == {"success": True} for n in r.json()["nodes"])
+
+
+def test_one_weight_update_through_the_door_reaches_both_generate_nodes(
+    fleet, front_door, weight_dir
+):
+    # tandem_client pointed at the door alone: start/update/finish fan out to both nodes,
+    # and both then answer with the new weights' tokens.
+    import torch
+    from safetensors.torch import load_file
+
+    model, _ = fleet
+    door, nodes = front_door
+    original = load_file(f"{model}/model.safetensors")
+    head = original["lm_head.weight"]
+    gen = torch.Generator().manual_seed(3)
+    noise = torch.randn(head.shape, generator=gen) * (head.float().std() + 0.01) * 4
+    new_head = (head.float() + noise).to(head.dtype)
+    prompt = [1017, 359, 261, 198, 82, 88, 1018, 198, 1017, 436, 198]
+    body = {"token_ids": prompt, "sampling_params": {"temperature": 0.0, "max_tokens": 8}}
+
+    def tokens_on(url: str) -> tuple[list[int], str]:
+        r = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        return choice["token_ids"], choice["weight_versions"][0]["version"]
+
+    async def update(weights: dict, version: str) -> None:
+        async with AsyncTandemClient(door, door, model=model, weight_dir=weight_dir) as c:
+            await c.update_weights(weights, version=version)
+
+    before = [tokens_on(u) for u in nodes]
+    try:
+        asyncio.run(update({"lm_head.weight": new_head}, "door-1"))
+        after = [tokens_on(u) for u in nodes]
+        assert after[0] == after[1] and after[0][1] == "door-1"
+        assert after[0][0] != before[0][0]
+        versions = [httpx.get(f"{u}/weight_info").json()["weight_version"] for u in nodes]
+        assert versions == ["door-1", "door-1"]
+    finally:
+        asyncio.run(update({"lm_head.weight": head}, "default"))
+    assert [tokens_on(u) for u in nodes] == before
 
 
 # -- affinity ----------------------------------------------------------------------------------
