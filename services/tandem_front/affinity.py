@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from tandem_client.routing import affinity_key
 from tandem_wire import WireFormat, new_request_id
 
 __all__ = ["routing_key", "request_id_of_body"]
@@ -44,9 +45,5 @@ def routing_key(body: bytes, fmt: WireFormat) -> str:
     head = _head(body, fmt)
     if head is None:
         return new_request_id()
-    if head.features is not None:
-        for modality in sorted(head.features.mm_hashes):
-            hashes = head.features.mm_hashes[modality]
-            if hashes:
-                return str(hashes[0])
-    return head.request_id or new_request_id()
+    feats = head.features
+    return affinity_key(feats.mm_hashes if feats else None, head.request_id) or new_request_id()

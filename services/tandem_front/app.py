@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
+from tandem_client.routing import ROUTE_KEY_HEADER
 from tandem_http import (
     ApiKeyMiddleware,
     RequestIdMiddleware,
@@ -88,12 +89,14 @@ def create_app(
 
     @app.post("/inference/v1/generate")
     async def generate(request: Request) -> Response:
-        # The routing key sits somewhere in the body: it is read whole (capped), then sent on
-        # byte for byte.
+        # The body is read whole (capped), then sent on byte for byte. tandem_client names the
+        # routing key in a header (its repeats carry content ids, not render's hashes); for
+        # other callers it is read from the body.
         body = await read_body(request, settings.max_body_bytes)
         fmt = format_of_content_type(request.headers.get("content-type"))
         fwd = forwarder(request)
-        nodes = fwd.upstreams.generate_order(routing_key(body, fmt))
+        key = request.headers.get(ROUTE_KEY_HEADER) or routing_key(body, fmt)
+        nodes = fwd.upstreams.generate_order(key)
         if not _trl_shape(settings, request, body, fmt):
             return await fwd.forward(nodes, request, "/inference/v1/generate", body)
         headers = upstream_headers(request, len(body))

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from tandem_client.client import chat_sampling_fields
+from tandem_client.routing import affinity_key
 from tandem_http import BadRequest, request_id_of
 from tandem_wire import (
     ChoiceLogprobs,
@@ -193,14 +194,10 @@ class OpenAIService:
         )
 
     def _generate_nodes(self, gen: GenerateRequest[Any]) -> list[Node]:
-        key = gen.request_id
         feats = gen.features
-        if feats is not None:
-            for modality in sorted(feats.mm_hashes):
-                if feats.mm_hashes[modality]:
-                    key = feats.mm_hashes[modality][0]
-                    break
-        return self.upstreams.generate_order(key)
+        return self.upstreams.generate_order(
+            affinity_key(feats.mm_hashes if feats else None, gen.request_id)
+        )
 
     async def _open_generate(
         self, gen: GenerateRequest[Any], request: Request

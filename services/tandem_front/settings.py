@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tandem_http import settings_from_json, settings_to_json
 
 __all__ = ["FrontSettings", "LogprobsFormat", "SETTINGS_ENV"]
 
@@ -81,15 +82,8 @@ class FrontSettings:
         return self.served_model_name or (self.model,)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return settings_to_json(self)
 
     @classmethod
     def from_json(cls, text: str) -> FrontSettings:
-        data: dict[str, Any] = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        for key, value in list(data.items()):
-            if key not in known:
-                raise ValueError(f"unknown front door setting {key!r}")
-            if isinstance(value, list):
-                data[key] = tuple(value)
-        return cls(**data)
+        return settings_from_json(cls, text)

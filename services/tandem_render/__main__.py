@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from typing import Any
 
-from tandem_http import run_server
+from tandem_http import run_server, settings_from_cli
 
 from .settings import SETTINGS_ENV, RenderSettings
 
@@ -204,10 +203,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     args = vars(p.parse_args(argv))
     args["served_model_name"] = tuple(args["served_model_name"] or ())
     args["api_key"] = args["api_key"] or env("TANDEM_API_KEY")
-    given: dict[str, Any] = {
-        k: tuple(v) if isinstance(v, list) else v for k, v in args.items() if v is not None
-    }
-    return RenderSettings(**given)
+    return settings_from_cli(RenderSettings, args)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from tandem_http import settings_from_json, settings_to_json
 
 from .media import MediaPolicy
 
@@ -158,15 +158,8 @@ class RenderSettings:
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return settings_to_json(self)
 
     @classmethod
     def from_json(cls, text: str) -> RenderSettings:
-        data: dict[str, Any] = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        for key, value in list(data.items()):
-            if key not in known:
-                raise ValueError(f"unknown render setting {key!r}")
-            if isinstance(value, list):
-                data[key] = tuple(value)
-        return cls(**data)
+        return settings_from_json(cls, text)

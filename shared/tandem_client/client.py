@@ -35,7 +35,7 @@ from .errors import (
 )
 from .media import ImageLike, image_source
 from .rollout import RolloutResult, rollout
-from .routing import RoundRobin, rendezvous_order
+from .routing import ROUTE_KEY_HEADER, RoundRobin, affinity_key, rendezvous_order
 from .weights import write_safetensors
 
 __all__ = ["AsyncTandemClient"]
@@ -136,12 +136,20 @@ class AsyncTandemClient:
         )
 
     async def _post(
-        self, url: str, content: bytes, fmt: WireFormat | None = None, *, failover: bool = False
+        self,
+        url: str,
+        content: bytes,
+        fmt: WireFormat | None = None,
+        *,
+        failover: bool = False,
+        route_key: str | None = None,
     ) -> httpx.Response:
         """POST with retries; with ``failover``, an unreachable node or a 503 raises at once
         (the caller moves the request to another node instead of waiting on this one)."""
         fmt = fmt or self.fmt
         headers = {"content-type": fmt.content_type, "accept": fmt.content_type}
+        if route_key:
+            headers[ROUTE_KEY_HEADER] = route_key
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
@@ -239,13 +247,7 @@ class AsyncTandemClient:
         return self._nodes_for(request)[0]
 
     def _nodes_for(self, request: GenerateRequest[Any]) -> list[str]:
-        feats = request.features
-        key = request.request_id
-        if feats is not None:
-            for modality in sorted(feats.mm_hashes):
-                if feats.mm_hashes[modality]:
-                    key = feats.mm_hashes[modality][0]
-                    break
+        key = _route_key(request)
         now = time.monotonic()
         order = rendezvous_order(key, self.generate_urls)
         return sorted(order, key=lambda url: self._down_until.get(url, 0.0) > now)
@@ -304,7 +306,13 @@ class AsyncTandemClient:
             else:
                 body = encode_generate_request(_without(request, ids, skip, tenant), self.fmt)
             try:
-                r = await self._post(f"{url}/inference/v1/generate", body, fmt, failover=True)
+                r = await self._post(
+                    f"{url}/inference/v1/generate",
+                    body,
+                    fmt,
+                    failover=True,
+                    route_key=_route_key(request),
+                )
             except CacheMissError as exc:
                 missing = {(tenant, h) for hashes in exc.missing.values() for h in hashes}
                 for key in missing:
@@ -477,6 +485,11 @@ def _error_body(r: httpx.Response) -> Any:
 
 ContentIds = dict[str, list[str | None]]
 """Per modality, parallel to ``mm_hashes``: each item's content id, None where no data."""
+
+
+def _route_key(request: GenerateRequest[Any]) -> str:
+    feats = request.features
+    return affinity_key(feats.mm_hashes if feats else None, request.request_id)
 
 
 def _content_ids(request: GenerateRequest[Any], tenant: str) -> ContentIds:

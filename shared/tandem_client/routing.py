@@ -4,9 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["RoundRobin", "rendezvous", "rendezvous_order"]
+__all__ = ["ROUTE_KEY_HEADER", "RoundRobin", "affinity_key", "rendezvous", "rendezvous_order"]
+
+ROUTE_KEY_HEADER = "x-tandem-route-key"
+"""Sent with each generate request: the ``affinity_key`` of the request as rendered. A proxy
+in front of several generate nodes (the front door) routes by it, so a repeat whose items go as
+null entries (named by content id) reaches the node the data went to."""
+
+
+def affinity_key(mm_hashes: Mapping[str, Sequence[str]] | None, request_id: str | None) -> str:
+    """What generate requests are routed by: the first item hash (modalities in name order),
+    so repeats of an image meet the node holding it; else the request id ("" if none)."""
+    for modality in sorted(mm_hashes or {}):
+        hashes = (mm_hashes or {})[modality]
+        if hashes:
+            return str(hashes[0])
+    return request_id or ""
 
 
 class RoundRobin:
