@@ -168,12 +168,14 @@ async def test_connection_errors_are_retried_then_raise_transport_error():
 async def test_items_are_sent_once_and_resent_on_a_cache_miss():
     bodies = []
     names = []
+    keys = []
     miss_next = {"value": False}
 
     def handler(request):
         doc = json.loads(request.content)
         bodies.append(doc["features"]["kwargs_data"]["image"])
         names.append(doc["features"]["mm_hashes"]["image"])
+        keys.append(request.headers.get("x-tandem-route-key"))
         if miss_next["value"] and doc["features"]["kwargs_data"]["image"][0] is None:
             miss_next["value"] = False
             return error(409, "mm_cache_miss", missing={"image": names[-1]})
@@ -192,6 +194,8 @@ async def test_items_are_sent_once_and_resent_on_a_cache_miss():
     sent = base64.b64decode(bodies[0][0])
     assert names[1] == names[2] == [content_id("", sent)]
     assert names[0] == names[3] == req.features.mm_hashes["image"]
+    # Every attempt is routed by render's hash, whatever the body names (see the front door).
+    assert keys == [req.features.mm_hashes["image"][0]] * 4
 
 
 async def test_a_miss_for_items_we_did_send_is_raised():

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tandem_client.routing import rendezvous_order
+from tandem_client.routing import ROUTE_KEY_HEADER, rendezvous_order
 from tandem_front.app import create_app
 from tandem_front.settings import FrontSettings
 from tests.support.asgi import app_client
@@ -124,6 +124,21 @@ async def test_generate_goes_to_the_first_item_hash_node_with_the_exact_bytes():
         path, body, headers = node.seen[-1]
         assert (path, body) == ("/inference/v1/generate", raw)
         assert headers["content-type"] == fmt
+
+
+async def test_tandem_clients_route_key_header_wins_over_the_body():
+    # A repeat from tandem_client names its held items by content id in the body; the header
+    # carries render's hash, so the repeat reaches the node the data went to.
+    s = settings()
+    f = fleet()
+    async with app_client(create_app(s, Texts(), f)) as c:
+        for key in ("k1", "k2", "k3", "k4", "k5", "k6"):
+            r = await c.post(
+                "/inference/v1/generate",
+                json=generate_body(hashes=["ef" * 32]),
+                headers={ROUTE_KEY_HEADER: key},
+            )
+            assert r.json() == {"node": winner(key, s)}
 
 
 async def test_text_only_requests_route_by_request_id_like_tandem_client():
