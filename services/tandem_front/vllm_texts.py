@@ -26,6 +26,8 @@ from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from vllm.v1.engine.logprobs import LogprobsProcessor
 
+from tandem_vllm.upstream_names import check_upstream_names
+
 from .settings import FrontSettings
 
 __all__ = ["VllmTexts", "VllmTextStream"]
@@ -66,6 +68,7 @@ class VllmTexts:
     """Tokenizer-side work of the OpenAI routes, done by vLLM's own code."""
 
     def __init__(self, settings: FrontSettings) -> None:
+        check_upstream_names(["front"])  # a vLLM upgrade fails here, not mid-request
         self.tokenizer = get_tokenizer(
             settings.tokenizer or settings.model, trust_remote_code=settings.trust_remote_code
         )

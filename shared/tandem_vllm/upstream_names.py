@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 __all__ = ["UPSTREAM_NAMES", "UpstreamChanged", "UpstreamName", "check_upstream_names"]
 
-Side = Literal["render", "generate"]
+Side = Literal["render", "generate", "front"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,13 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         "generate",
         "tandem_vllm.sampling.default_max_tokens: what an absent max_tokens means upstream",
     ),
+    # Front door: logprob token texts exactly as vLLM's engine writes them.
+    UpstreamName(
+        "vllm.v1.engine.logprobs:LogprobsProcessor._verify_tokens",
+        ("self", "decoded_tokens_list", "tokens", "context_token_ids"),
+        "front",
+        "tandem_front.vllm_texts.VllmTexts.logprob_tokens completes split UTF-8 pieces with it",
+    ),
 )
 
 
@@ -216,7 +223,7 @@ def _problem(name: UpstreamName) -> str | None:
 
 
 def check_upstream_names(
-    sides: Iterable[Side] = ("render", "generate"),
+    sides: Iterable[Side] = ("render", "generate", "front"),
     names: Iterable[UpstreamName] = UPSTREAM_NAMES,
 ) -> None:
     """Raise ``UpstreamChanged`` listing every entry of ``names`` (for ``sides``) that the

@@ -32,7 +32,8 @@ def test_installed_vllm_has_every_name_as_expected():
 def test_each_side_checks_only_its_own_names():
     check_upstream_names(["render"])
     check_upstream_names(["generate"])
-    assert {n.side for n in UPSTREAM_NAMES} == {"render", "generate"}
+    check_upstream_names(["front"])
+    assert {n.side for n in UPSTREAM_NAMES} == {"render", "generate", "front"}
 
 
 def test_a_missing_method_fails_naming_it(monkeypatch):
