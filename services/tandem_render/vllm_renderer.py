@@ -11,6 +11,7 @@ import re
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
+from pydantic import ValidationError
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -265,18 +266,20 @@ def _run_inline(renderer: Any) -> None:
 
 
 def _validate(model: Any, body: dict[str, Any]) -> Any:
-    from pydantic import ValidationError
-
     try:
         return model.model_validate(body)
     except VLLMClientError as exc:  # vLLM's own validators raise it from inside pydantic
         raise _client_error(_first_arg(exc)) from None
     except ValidationError as exc:
-        errors = exc.errors()
-        if not errors:
-            raise BadRequest("invalid request") from None
-        where = ".".join(str(p) for p in errors[0]["loc"])
-        raise BadRequest(f"{where}: {errors[0]['msg']}"[:300]) from None
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError) -> BadRequest:
+    errors = exc.errors()
+    if not errors:
+        return BadRequest("invalid request")
+    where = ".".join(str(p) for p in errors[0]["loc"])
+    return BadRequest(f"{where}: {errors[0]['msg']}"[:300])
 
 
 async def _in_call(call: RenderCall, upstream: Awaitable[Any]) -> Any:
@@ -294,6 +297,9 @@ async def _call(awaitable: Any) -> Any:
         raise
     except VLLMClientError as exc:
         raise _client_error(_first_arg(exc)) from None
+    except ValidationError as exc:
+        # Message content parts are validated lazily, as vLLM walks them: still the input.
+        raise _invalid(exc) from None
     except (ValueError, TypeError, AssertionError, RuntimeError, NotImplementedError) as exc:
         # vLLM raises these for bad input and for its own bugs alike: only the input errors
         # named in _INPUT_ERRORS are the caller's (a 400); the rest are a 500 whose body says
