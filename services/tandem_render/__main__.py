@@ -6,7 +6,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from tandem_http import run_server, settings_from_cli
+from tandem_http import serve_settings, settings_from_cli
 
 from .settings import SETTINGS_ENV, RenderSettings
 
@@ -208,14 +208,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_args(argv)
-    run_server(
-        "tandem_render.app:app_from_env",
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        env={SETTINGS_ENV: settings.to_json()},
-        log_level=settings.log_level,
-    )
+    serve_settings("tandem_render.app:app_from_env", settings, SETTINGS_ENV)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,12 @@ from .metrics import (
 )
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
 from .server import run_server
-from .settings_json import settings_from_cli, settings_from_json, settings_to_json
+from .settings_json import (
+    serve_settings,
+    settings_from_cli,
+    settings_from_json,
+    settings_to_json,
+)
 
 __all__ = [
     "MULTIPROC_ENV",
@@ -57,6 +62,7 @@ __all__ = [
     "read_body",
     "request_id_of",
     "run_server",
+    "serve_settings",
     "settings_from_cli",
     "settings_from_json",
     "settings_to_json",

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
-__all__ = ["settings_from_cli", "settings_from_json", "settings_to_json"]
+__all__ = ["serve_settings", "settings_from_cli", "settings_from_json", "settings_to_json"]
 
 T = TypeVar("T")
 
@@ -31,3 +31,18 @@ def settings_from_cli(cls: type[T], args: dict[str, Any]) -> T:
     """The settings from parsed options: those not given keep the dataclass defaults."""
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items() if v is not None}
     return cls(**given)
+
+
+def serve_settings(app_factory: str, settings: Any, env_name: str) -> None:
+    """``run_server`` for a service whose workers build their app from ``settings`` (host,
+    port, workers, log_level fields), handed to them as JSON in ``env_name``."""
+    from .server import run_server
+
+    run_server(
+        app_factory,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        env={env_name: settings_to_json(settings)},
+        log_level=settings.log_level,
+    )

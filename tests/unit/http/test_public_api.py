@@ -41,6 +41,7 @@ def test_public_api_is_pinned() -> None:
             "read_body",
             "request_id_of",
             "run_server",
+            "serve_settings",
             "settings_from_cli",
             "settings_from_json",
             "settings_to_json",
