@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from tandem_client.routing import ROUTE_KEY_HEADER
 from tandem_http import (
-    ApiKeyMiddleware,
-    RequestIdMiddleware,
-    install_error_handlers,
+    api_keys,
     mark_process_dead,
     metrics_response,
+    models_response,
     read_body,
+    service_app,
 )
 from tandem_wire import WireFormat, format_of_content_type
 
@@ -68,10 +68,7 @@ def create_app(
             await upstreams.aclose()
             mark_process_dead(os.getpid())
 
-    app = FastAPI(title="Tandem front door", lifespan=lifespan, openapi_url=None)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))
-    app.add_middleware(RequestIdMiddleware)
-    install_error_handlers(app)
+    app = service_app("Tandem front door", lifespan, settings.api_key)
 
     def forwarder(request: Request) -> Forwarder:
         return request.app.state.forwarder  # type: ignore[no-any-return]
@@ -141,20 +138,17 @@ def create_app(
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        max_len = await openai(request).max_model_len()
-        data = [
-            {"id": n, "object": "model", "owned_by": "tandem", "max_model_len": max_len}
-            for n in settings.names()
-        ]
-        return JSONResponse({"object": "list", "data": data})
+        return models_response(settings.names(), await openai(request).max_model_len())
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
         return metrics_response(registry)
 
+    keyed = bool(api_keys(settings.api_key))
+
     def control_handler(path: str, route: ControlRoute) -> Any:
         async def handler(request: Request) -> Response:
-            if route.changes_state and not (settings.api_key or settings.enable_control_routes):
+            if route.changes_state and not (keyed or settings.enable_control_routes):
                 raise ControlRoutesDisabled(
                     f"{path} changes engine state: start the front door with --api-key or "
                     "--enable-control-routes to serve it"

@@ -14,17 +14,17 @@ from prometheus_client import CollectorRegistry
 
 from tandem_http import (
     AdmissionGate,
-    ApiKeyMiddleware,
     HeldStreamingResponse,
-    RequestIdMiddleware,
     admitted,
-    install_error_handlers,
+    api_keys,
     keep_freed_memory,
     metrics_response,
+    models_response,
     negotiate,
     pretouch,
     principal_of,
     read_body,
+    service_app,
     wire_response,
 )
 from tandem_wire import WireFormat, decode_document, decode_generate_request
@@ -94,10 +94,7 @@ def create_app(
             if shutdown_engine:
                 engine.shutdown()
 
-    app = FastAPI(title="Tandem generate", lifespan=lifespan, openapi_url=None)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))
-    app.add_middleware(RequestIdMiddleware)
-    install_error_handlers(app)
+    app = service_app("Tandem generate", lifespan, settings.api_key)
 
     def service(request: Request) -> GenerateService:
         return request.app.state.service  # type: ignore[no-any-return]
@@ -127,16 +124,9 @@ def create_app(
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        max_len = service(request).engine.max_model_len
-        data = [
-            {"id": n, "object": "model", "owned_by": "tandem", "max_model_len": max_len}
-            for n in settings.served_model_names
-        ]
-        return JSONResponse({"object": "list", "data": data})
+        return models_response(settings.served_model_names, service(request).engine.max_model_len)
 
-    # As ApiKeyMiddleware counts keys: empty strings are no key.
-    keys = [settings.api_key] if isinstance(settings.api_key, str) else settings.api_key or ()
-    keyed = any(keys)
+    keyed = bool(api_keys(settings.api_key))
 
     def control(request: Request) -> EngineControl:
         """For a state-changing control route: refused without an API key unless enabled."""

@@ -68,11 +68,10 @@ class Engine:
         self.spec = probe_model(mc) if mc.is_multimodal_model else ModelSpec()
         # --limit-mm-per-prompt, enforced by the service as vLLM's own server does (items
         # arrive processed here, so vLLM's processor never counts them).
-        self.mm_limits: dict[str, int] = {
-            m: mc.multimodal_config.get_limit_per_prompt(m)
-            for m in self.spec.modalities
-            if mc.multimodal_config is not None
-        }
+        mm = mc.multimodal_config
+        self.mm_limits: dict[str, int] = (
+            {m: mm.get_limit_per_prompt(m) for m in self.spec.modalities} if mm else {}
+        )
 
     def generate(
         self,

@@ -14,17 +14,16 @@ from prometheus_client import CollectorRegistry
 
 from tandem_http import (
     AdmissionGate,
-    ApiKeyMiddleware,
     PartsResponse,
-    RequestIdMiddleware,
     admitted,
-    install_error_handlers,
     keep_freed_memory,
     mark_process_dead,
     metrics_response,
+    models_response,
     negotiate,
     pretouch,
     read_body,
+    service_app,
 )
 from tandem_wire import encode_generate_request_parts
 
@@ -62,10 +61,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
             await loader.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges stop counting
 
-    app = FastAPI(title="Tandem render", lifespan=lifespan, openapi_url=None)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, open_paths=("/health",))
-    app.add_middleware(RequestIdMiddleware)
-    install_error_handlers(app)
+    app = service_app("Tandem render", lifespan, settings.api_key)
 
     async def request_body(request: Request) -> tuple[bytes, Any, Any]:
         body = await read_body(request, settings.max_body_bytes)
@@ -98,12 +94,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        max_len = request.app.state.service.renderer.max_model_len
-        data = [
-            {"id": name, "object": "model", "owned_by": "tandem", "max_model_len": max_len}
-            for name in settings.names()
-        ]
-        return JSONResponse({"object": "list", "data": data})
+        return models_response(settings.names(), request.app.state.service.renderer.max_model_len)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:

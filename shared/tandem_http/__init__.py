@@ -1,7 +1,7 @@
 """tandem_http: HTTP plumbing shared by the render and generate services (no vLLM, no torch)."""
 
 from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted
-from .auth import ApiKeyMiddleware, principal_of
+from .auth import ApiKeyMiddleware, api_keys, principal_of
 from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_response
 from .errors import (
     BadRequest,
@@ -24,6 +24,7 @@ from .metrics import (
 )
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
 from .server import run_server
+from .service_app import models_response, service_app
 from .settings_json import (
     serve_settings,
     settings_from_cli,
@@ -46,6 +47,7 @@ __all__ = [
     "RequestIdMiddleware",
     "Slot",
     "admitted",
+    "api_keys",
     "TokenOutOfVocabulary",
     "TooManyItems",
     "error_body",
@@ -55,6 +57,7 @@ __all__ = [
     "mark_process_dead",
     "metrics_registry",
     "metrics_response",
+    "models_response",
     "negotiate",
     "prepare_multiprocess_dir",
     "pretouch",
@@ -63,6 +66,7 @@ __all__ = [
     "request_id_of",
     "run_server",
     "serve_settings",
+    "service_app",
     "settings_from_cli",
     "settings_from_json",
     "settings_to_json",

@@ -15,7 +15,7 @@ from tandem_wire import error_types, format_for_accept, new_request_id
 from .errors import error_body
 from .request_id import REQUEST_ID_HEADER
 
-__all__ = ["ApiKeyMiddleware", "principal_of"]
+__all__ = ["ApiKeyMiddleware", "api_keys", "principal_of"]
 
 _PRINCIPAL = "tandem_principal"
 
@@ -25,6 +25,12 @@ def principal_of(scope_or_request: Any) -> str:
     server has no keys. Services scope what callers leave behind (held items) by it."""
     scope = getattr(scope_or_request, "scope", scope_or_request)
     return str(scope.get("state", {}).get(_PRINCIPAL, ""))
+
+
+def api_keys(api_key: str | Sequence[str] | None) -> list[str]:
+    """The keys a setting configures (one, several, or none; empty strings are no key)."""
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+    return [k for k in keys if k]
 
 
 class ApiKeyMiddleware:
@@ -42,8 +48,7 @@ class ApiKeyMiddleware:
         open_paths: Iterable[str] = ("/health",),
     ) -> None:
         self.app = app
-        keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
-        self._keys = [(k.encode("utf-8"), _digest(k)) for k in keys if k]
+        self._keys = [(k.encode("utf-8"), _digest(k)) for k in api_keys(api_key)]
         self._open_paths = frozenset(open_paths)
 
     def _principal(self, scope: Scope) -> str | None:

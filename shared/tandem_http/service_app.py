@@ -1,0 +1,39 @@
+"""The FastAPI app every Tandem service starts from, and the answers they all give alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from .auth import ApiKeyMiddleware
+from .errors import install_error_handlers
+from .request_id import RequestIdMiddleware
+
+__all__ = ["models_response", "service_app"]
+
+
+def service_app(
+    title: str,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
+    api_key: str | Sequence[str] | None,
+) -> FastAPI:
+    """An app with the API-key check (``/health`` open), request ids and the error handlers;
+    no OpenAPI schema (the routes take wire bodies, not schema'd JSON)."""
+    app = FastAPI(title=title, lifespan=lifespan, openapi_url=None)
+    app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=("/health",))
+    app.add_middleware(RequestIdMiddleware)
+    install_error_handlers(app)
+    return app
+
+
+def models_response(names: Iterable[str], max_model_len: int | None) -> JSONResponse:
+    """``GET /v1/models`` as vLLM's OpenAI server answers it."""
+    data: list[dict[str, Any]] = [
+        {"id": n, "object": "model", "owned_by": "tandem", "max_model_len": max_model_len}
+        for n in names
+    ]
+    return JSONResponse({"object": "list", "data": data})
