@@ -11,6 +11,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from tandem_http import DRAINING_HEADER
+
 from .errors import UpstreamUnavailable
 from .metrics import FrontMetrics
 from .upstreams import Node, Upstreams
@@ -86,8 +88,9 @@ class Forwarder:
     ) -> tuple[Node, httpx.Response]:
         """The first node that took the request, with its answer (body not read yet).
 
-        Only failures that prove the request never reached a node move it to the next one
-        (connection refused or timed out); anything later is the node's answer.
+        Only failures that prove the request was not run move it to the next one (connection
+        refused or timed out, or a draining node's 503 for a body held in memory); anything
+        later is the node's answer.
         """
         tier = nodes[0].tier if nodes else "upstream"
         for i, node in enumerate(nodes):
@@ -111,6 +114,19 @@ class Forwarder:
             except BaseException:
                 node.pending -= 1
                 raise
+            if (
+                response.status_code == 503
+                and DRAINING_HEADER in response.headers
+                and i + 1 < len(nodes)
+                and not isinstance(content, OnceStream)
+            ):
+                # The node is shutting down and did not run the request: the next one may.
+                node.pending -= 1
+                await response.aclose()
+                self.upstreams.failed(node)
+                self.metrics.upstream_errors.labels(tier, node.url, "draining").inc()
+                self.metrics.upstream_retries.labels(tier).inc()
+                continue
             self.metrics.upstream_latency.labels(tier, node.url).observe(
                 time.perf_counter() - start
             )

@@ -8,9 +8,10 @@ import sys
 import threading
 from collections.abc import Sequence
 
-import uvicorn
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from tandem_http import Drain, DrainingConfig, DrainingServer
 
 from .app import create_app
 from .engine import Engine
@@ -118,7 +119,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
 def main(argv: Sequence[str] | None = None) -> None:
     settings, engine_args = parse_args(argv)
     engine_died = threading.Event()
-    server: uvicorn.Server | None = None
+    server: DrainingServer | None = None
 
     def stop_on_engine_death() -> None:
         engine_died.set()
@@ -127,13 +128,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     app = create_app(settings, lambda: Engine(engine_args), on_engine_dead=stop_on_engine_death)
     # One process: the engine lives here; vLLM's engine core runs in its own child process.
-    server = uvicorn.Server(
-        uvicorn.Config(
+    # On SIGTERM: new requests get 503 while the running ones finish (tandem_http.draining).
+    server = DrainingServer(
+        DrainingConfig(
             app,
+            drain=Drain(),
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
-            timeout_graceful_shutdown=30,
             proxy_headers=False,
         )
     )

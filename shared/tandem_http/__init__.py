@@ -3,6 +3,7 @@
 from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted
 from .auth import ApiKeyMiddleware, api_keys, principal_of
 from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_response
+from .draining import DRAINING_HEADER, Drain, DrainingConfig, DrainingServer
 from .errors import (
     BadRequest,
     ModelNotFound,
@@ -33,12 +34,16 @@ from .settings_json import (
 )
 
 __all__ = [
+    "DRAINING_HEADER",
     "MULTIPROC_ENV",
     "REQUEST_ID_HEADER",
     "AdmissionGate",
     "ApiKeyMiddleware",
     "BadRequest",
     "BodyTooLarge",
+    "Drain",
+    "DrainingConfig",
+    "DrainingServer",
     "HeldStreamingResponse",
     "ModelNotFound",
     "Overloaded",

@@ -17,15 +17,15 @@ import time
 from pathlib import Path
 from types import FrameType
 
-import uvicorn
-
+from .draining import DRAIN_GRACE_S, Drain, DrainingConfig, DrainingServer
 from .metrics import MULTIPROC_ENV, mark_process_dead, prepare_multiprocess_dir
 
 __all__ = ["run_server"]
 
 log = logging.getLogger("tandem")
 
-_GRACE_S = 30
+_STOP_BOUND_S = DRAIN_GRACE_S + 15
+"""How long the supervisor waits for a stopping worker (its drain, then uvicorn's own close)."""
 _RESTART_BACKOFF_S = 1.0
 """The first restart's delay; each further failed start doubles it."""
 _HEALTHY_AFTER_S = 30.0
@@ -43,12 +43,12 @@ class WorkersFailing(RuntimeError):
     """A worker keeps dying right after it starts."""
 
 
-def _config(app_factory: str, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(
+def _config(app_factory: str, log_level: str) -> DrainingConfig:
+    return DrainingConfig(
         app_factory,
+        drain=Drain(),
         factory=True,
         log_level=log_level,
-        timeout_graceful_shutdown=_GRACE_S,
         # Client addresses are the socket peers: no proxy is trusted to rewrite them.
         proxy_headers=False,
     )
@@ -83,7 +83,7 @@ def _claim(host: str, port: int) -> socket.socket:
 
 def _worker(app_factory: str, host: str, port: int, log_level: str) -> None:
     sock = _listen(host, port)
-    uvicorn.Server(_config(app_factory, log_level)).run(sockets=[sock])
+    DrainingServer(_config(app_factory, log_level)).run(sockets=[sock])
 
 
 def run_server(
@@ -99,10 +99,10 @@ def run_server(
 
     ``env`` goes into ``os.environ`` first: worker processes import and call the factory
     themselves, so environment variables (e.g. serialized settings) are how the factory gets its
-    configuration. On SIGTERM workers stop accepting connections and give in-flight requests up
-    to 30 s to finish; a worker that dies on its own is restarted, with a growing delay, and
-    the server exits (status 1, the reason on stderr) when one keeps dying right after it
-    starts or when another process holds the port.
+    configuration. On SIGTERM each worker drains: new requests get 503 ``shutting_down`` while
+    in-flight ones get up to 30 s to finish; a worker that dies on its own is restarted, with a
+    growing delay, and the server exits (status 1, the reason on stderr) when one keeps dying
+    right after it starts or when another process holds the port.
     """
     os.environ.update(env)
     own_metrics_dir: Path | None = None
@@ -116,7 +116,7 @@ def run_server(
         if workers <= 1:
             config = _config(app_factory, log_level)
             config.host, config.port = host, port
-            uvicorn.Server(config).run()
+            DrainingServer(config).run()
         else:
             _supervise(app_factory, host, port, workers, log_level)
     except (PortInUse, WorkersFailing) as exc:
@@ -183,8 +183,8 @@ def _supervise(app_factory: str, host: str, port: int, workers: int, log_level: 
         claim.close()
         for p in procs:
             if p.is_alive():
-                p.terminate()  # SIGTERM: uvicorn finishes in-flight requests
-        deadline = time.monotonic() + _GRACE_S + 5
+                p.terminate()  # SIGTERM: the worker drains
+        deadline = time.monotonic() + _STOP_BOUND_S
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():

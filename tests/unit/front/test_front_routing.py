@@ -16,6 +16,8 @@ from starlette.routing import Route
 
 from tandem_client.routing import ROUTE_KEY_HEADER, rendezvous_order
 from tandem_front.app import create_app
+from tandem_http import Drain
+from tandem_http.draining import DrainGate
 from tandem_front.settings import FrontSettings
 from tests.support.asgi import app_client
 
@@ -185,6 +187,24 @@ async def test_refusals_pass_through_unchanged(status):
     assert r.headers["retry-after"] == "3"
     assert r.json()["error"]["message"] == "from g1"
     assert len(f.nodes["g1"].seen) == 1  # not retried: the node answered
+
+
+async def test_a_draining_node_s_refusal_moves_the_request_to_the_next_node():
+    s = settings()
+    f = fleet()
+    key = "d1" * 32
+    first, second = (httpx.URL(u).host for u in rendezvous_order(key, list(s.generate_urls))[:2])
+    # The first node of this key's order is shutting down (tandem_http's drain, as it runs).
+    drain = Drain()
+    drain.start()
+    f.transports[first] = httpx.ASGITransport(app=DrainGate(f.nodes[first].app(), drain))
+    raw = json.dumps(generate_body(hashes=[key])).encode()
+    async with app_client(create_app(s, Texts(), f)) as c:
+        r = await c.post("/inference/v1/generate", content=raw)
+    assert r.status_code == 200
+    assert r.json() == {"node": second}
+    assert f.nodes[first].seen == []  # refused before the node's own app ran
+    assert f.nodes[second].seen[-1][1] == raw
 
 
 async def test_every_node_down_is_a_typed_503():

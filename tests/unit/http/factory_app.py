@@ -30,10 +30,10 @@ def create() -> FastAPI:
         return {"greeting": greeting, "pid": os.getpid()}
 
     @app.get("/slow")
-    async def slow(marker: str) -> dict[str, str]:
+    async def slow(marker: str, seconds: float = 1.0) -> dict[str, str]:
         # Tells the test the request is in flight, then outlives the SIGTERM it sends.
         Path(marker).touch()
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(seconds)
         return {"slow": "done"}
 
     @app.get("/metrics")

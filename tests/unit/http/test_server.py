@@ -54,6 +54,21 @@ def _wait_healthy(proc: subprocess.Popen[bytes], base: str, timeout: float = 30.
     raise AssertionError(f"server not healthy within {timeout} s")
 
 
+def _refusals_while_draining(base: str, until) -> list[httpx.Response]:
+    """Answers to new /health and /hello requests sent while ``until`` (a future) runs."""
+    answers: list[httpx.Response] = []
+    paths = ("/health", "/hello")
+    while not until.done() and len(answers) < 20:
+        try:
+            # A new connection each time: the worker holding the slow request is the one
+            # still listening.
+            answers.append(httpx.get(f"{base}{paths[len(answers) % 2]}", timeout=5))
+        except httpx.TransportError:
+            pass  # the idle worker closing its socket while the connection came in
+        time.sleep(0.1)
+    return answers
+
+
 def test_two_workers_serve_and_stop_on_sigterm(tmp_path: Path) -> None:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -98,20 +113,33 @@ def test_two_workers_serve_and_stop_on_sigterm(tmp_path: Path) -> None:
             assert f"tandem_http_test_hellos_total {float(hellos)}" in metrics
         assert list(tmp_path.glob("tandem-metrics-*")) != []
 
-        # Graceful shutdown: a request in flight when SIGTERM arrives still gets its answer.
+        # Graceful shutdown: a request in flight when SIGTERM arrives still gets its answer,
+        # and while it runs, new requests (health checks too) are refused with a typed 503.
         marker = tmp_path / "in-flight"
+        params = {"marker": str(marker), "seconds": "4"}
         with ThreadPoolExecutor(1) as pool:
-            slow = pool.submit(httpx.get, f"{base}/slow", params={"marker": str(marker)})
+            slow = pool.submit(httpx.get, f"{base}/slow", params=params, timeout=30)
             for _ in range(300):
                 if marker.exists() or slow.done():
                     break
                 time.sleep(0.05)
             assert marker.exists()
-            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGTERM)  # to the parent only, as an orchestrator does
+            refusals = _refusals_while_draining(base, until=slow)
             answer = slow.result(timeout=30)
         assert answer.status_code == 200
         assert answer.json() == {"slow": "done"}
+        # The supervisor passes the signal on within a tick; from then on, every answer is 503.
+        first = next((i for i, r in enumerate(refusals) if r.status_code == 503), None)
+        assert first is not None, "no new request was refused while the server drained"
+        for r in refusals[first:]:
+            assert r.status_code == 503
+            assert r.headers["retry-after"] == "1"
+            assert r.json()["error"]["type"] == "shutting_down"
         assert proc.wait(timeout=30) == 0
+        # Drained as soon as the last request was answered, not after the whole grace period.
+        assert time.monotonic() - signalled < 20
         assert list(tmp_path.glob("tandem-metrics-*")) == []
         ok = True
     finally:
