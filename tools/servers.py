@@ -117,8 +117,11 @@ def upstream_serve(model: str) -> ServerProcess:
     )
 
 
-def tandem_render(model: str, workers: int = 1) -> ServerProcess:
-    return _start("tandem-render", "tandem_render", ["--model", model, "--workers", str(workers)])
+def tandem_render(model: str, *options: str, workers: int = 1) -> ServerProcess:
+    """Our render server (``options``: more of its command-line options)."""
+    return _start(
+        "tandem-render", "tandem_render", ["--model", model, "--workers", str(workers), *options]
+    )
 
 
 def tandem_generate(model: str, weight_dir: str | None = None) -> ServerProcess:

@@ -16,9 +16,9 @@ from starlette.routing import Route
 
 from tandem_client.routing import ROUTE_KEY_HEADER, rendezvous_order
 from tandem_front.app import create_app
+from tandem_front.settings import FrontSettings
 from tandem_http import Drain
 from tandem_http.draining import DrainGate
-from tandem_front.settings import FrontSettings
 from tests.support.asgi import app_client
 
 pytestmark = pytest.mark.anyio
