@@ -85,18 +85,22 @@ class TemporalDedup:
             return None
         n, channels = split
         t, area = self.temporal_patch_size, self.patch_size**2
+        # Compared as bytes, so exact whatever the dtype (NaN payloads, -0.0, bfloat16), in the
+        # widest words a patch's bytes divide into (numpy compares words, not bytes, faster).
+        span = area * data.dtype.itemsize
+        word = next(w for w in (8, 4, 2, 1) if span % w == 0)
         patches = np.ascontiguousarray(data).reshape(n, channels, t, area)
-        # Compared as bytes: exact whatever the dtype (NaN payloads, -0.0, bfloat16).
-        raw = patches.view(np.uint8)
-        first = raw[:, :, 0]
+        words = patches.view(np.uint8).reshape(n, channels, t, span).view(f"<u{word}")
+        first = words[:, :, 0]
         for k in range(1, t):  # the first row alone refuses most videos at once
-            if not np.array_equal(first[:1], raw[:1, :, k]):
+            if not np.array_equal(first[:1], words[:1, :, k]):
                 return None
+        sent = np.ascontiguousarray(first)  # compared against from here: one strided read less
         for k in range(1, t):
-            if not np.array_equal(first, raw[:, :, k]):
+            if not np.array_equal(sent, words[:, :, k]):
                 return None
-        sent = np.ascontiguousarray(patches[:, :, 0]).reshape(n, channels * area)
-        return sent, {"channels": channels, "temporal_patch_size": t}
+        out = sent.view(np.uint8).view(data.dtype).reshape(n, channels * area)
+        return out, {"channels": channels, "temporal_patch_size": t}
 
     def decode(self, data: np.ndarray, params: Mapping[str, int]) -> np.ndarray:
         if set(params) != {"channels", "temporal_patch_size"}:
@@ -113,9 +117,10 @@ class TemporalDedup:
                 f"{self.patch_size}x{self.patch_size} patches"
             )
         n = data.shape[0]
-        out = np.empty((n, channels, t, area), data.dtype)
-        out[...] = data.reshape(n, channels, 1, area)  # one broadcast copy, no Python loop
-        return out.reshape(n, channels * t * area)
+        # One copy into a new array, contiguous runs of a patch each (memcpy-class; measured
+        # faster than a broadcast assignment into np.empty).
+        rebuilt = np.repeat(data.reshape(n, channels, 1, area), t, axis=2)
+        return rebuilt.reshape(n, channels * t * area)
 
 
 @dataclass(frozen=True)
