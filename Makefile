@@ -32,7 +32,7 @@ help:
 	@echo "make lint        ruff + mypy"
 	@echo "make fuzz        the request fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000)"
 	@echo "make models      build the tiny test models into .cache/models"
-	@echo "make bench-wire  wire codec throughput: ours (JSON, binary) vs vLLM's serde vs memcpy"
+	@echo "make bench-wire  wire codec throughput and bytes: ours (JSON, binary, elided) vs vLLM's serde"
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make bench-generate  render->generate vs upstream's pair and monolithic server (API CPU/request)"
 	@echo "make bench-weights  weight updates (tiny model, synthetic 1 GB) vs a plain copy of the bytes"

@@ -1,8 +1,10 @@
-"""Wire codec micro-benchmark: ours (JSON, binary) against vLLM's own serde and a memory copy.
+"""Wire codec micro-benchmark: ours (JSON, binary, binary with wire transforms) against vLLM's
+own serde and a memory copy, and the bytes each puts on the wire.
 
 Run with `make bench-wire`. Items are the real processor outputs of the tiny Qwen2-VL model for
 a 448x448 and a 1024x768 random-noise image. Each case is encode + decode of one item until it
-is a vLLM ``MultiModalKwargsItem`` again; throughput counts the item's tensor bytes.
+is a vLLM ``MultiModalKwargsItem`` again; throughput counts the item's tensor bytes. Documents
+carry the image's real prompt (its token ids and placeholder range).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     import torch
     from vllm.multimodal.inputs import MultiModalKwargsItem
 
+    from tandem_vllm.wire_transforms import WireTransforms
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -33,20 +37,33 @@ class Case:
     decode: Callable[[object], object]
 
 
-def processor_items(model: str) -> dict[str, MultiModalKwargsItem]:
+@dataclass
+class Sample:
+    """One image's processor output and the prompt it was rendered into."""
+
+    item: MultiModalKwargsItem
+    token_ids: list[int]
+    offset: int
+    length: int
+    transforms: WireTransforms
+
+
+def processor_items(model: str) -> dict[str, Sample]:
     from PIL import Image
     from vllm.config import ModelConfig
     from vllm.multimodal import MULTIMODAL_REGISTRY
     from vllm.multimodal.processing import ProcessorInputs, TimingContext
     from vllm.renderers.chat_utils import ChatCompletionMessageParam
 
+    from tandem_vllm.wire_transforms import wire_transforms_for
     from tools.tiny_models import ensure_model
 
     path = ensure_model(model)
     proc = MULTIMODAL_REGISTRY.create_processor(ModelConfig(model=str(path), max_model_len=4096))
+    transforms = wire_transforms_for(proc.info.get_hf_processor())
     tok = proc.info.get_tokenizer()
     rng = np.random.default_rng(0)
-    items: dict[str, MultiModalKwargsItem] = {}
+    items: dict[str, Sample] = {}
     for w, h in ((448, 448), (1024, 768)):
         image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
         messages: list[ChatCompletionMessageParam] = [
@@ -61,11 +78,13 @@ def processor_items(model: str) -> dict[str, MultiModalKwargsItem]:
         )
         item = out["mm_kwargs"]["image"][0]
         assert item is not None  # the processor ran, so the item is present
-        items[f"{w}x{h}"] = item
+        (ph,) = out["mm_placeholders"]["image"]
+        ids = list(out["prompt_token_ids"])
+        items[f"{w}x{h}"] = Sample(item, ids, ph.offset, ph.length, transforms)
     return items
 
 
-def cases(item: MultiModalKwargsItem) -> list[Case]:
+def cases(sample: Sample) -> list[Case]:
     import pybase64
     from vllm.entrypoints.scale_out.token_in_token_out import mm_serde
     from vllm.multimodal.inputs import MultiModalKwargsItem
@@ -83,17 +102,29 @@ def cases(item: MultiModalKwargsItem) -> list[Case]:
         encode_item,
     )
 
+    item, transforms = sample.item, sample.transforms
+    names = transforms.names
     raw_enc = MsgpackEncoder(size_threshold=2**62)
     raw_dec = MsgpackDecoder(t=MultiModalKwargsItem)
 
-    def doc(fmt: WireFormat) -> Case:
+    def elided_item() -> bytes:
+        return encode_item(transforms.encode_item(item_from_vllm(item), names))
+
+    def item_back(entry: object, elided: bool) -> object:
+        wire = decode_item(entry)  # type: ignore[arg-type]
+        return item_to_vllm(transforms.decode_item(wire)[0] if elided else wire)
+
+    def doc(fmt: WireFormat, elided: bool = False) -> Case:
         def enc() -> bytes:
+            data = elided_item() if elided else encode_item(item_from_vllm(item))
             req = GenerateRequest(
-                token_ids=list(range(8)),
+                token_ids=sample.token_ids,
                 features=MultiModalFeatures(
                     mm_hashes={"image": ["0" * 64]},
-                    mm_placeholders={"image": [PlaceholderRange(offset=1, length=4)]},
-                    kwargs_data={"image": [encode_item(item_from_vllm(item))]},
+                    mm_placeholders={
+                        "image": [PlaceholderRange(offset=sample.offset, length=sample.length)]
+                    },
+                    kwargs_data={"image": [data]},
                 ),
             )
             return encode_generate_request(req, fmt)
@@ -104,9 +135,10 @@ def cases(item: MultiModalKwargsItem) -> list[Case]:
             entry = feats.kwargs_data["image"][0] if feats and feats.kwargs_data else None
             if entry is None:
                 raise ValueError("the benchmark document lost its item")
-            return item_to_vllm(decode_item(entry))
+            return item_back(entry, elided)
 
-        return Case(f"ours {fmt.name.lower()} document", enc, dec)
+        suffix = ", elided" if elided else ""
+        return Case(f"ours {fmt.name.lower()} document{suffix}", enc, dec)
 
     def upstream_doc() -> Case:
         from vllm.entrypoints.scale_out.token_in_token_out.mm_features import (
@@ -125,10 +157,12 @@ def cases(item: MultiModalKwargsItem) -> list[Case]:
 
         def enc() -> bytes:
             req = UpstreamRequest(
-                token_ids=list(range(8)),
+                token_ids=sample.token_ids,
                 features=UpstreamFeatures(
                     mm_hashes={"image": ["0" * 64]},
-                    mm_placeholders={"image": [PlaceholderRangeInfo(offset=1, length=4)]},
+                    mm_placeholders={
+                        "image": [PlaceholderRangeInfo(offset=sample.offset, length=sample.length)]
+                    },
                     kwargs_data={"image": [mm_serde.encode_mm_kwargs_item(item)]},
                 ),
                 sampling_params=SamplingParams(),
@@ -168,9 +202,11 @@ def cases(item: MultiModalKwargsItem) -> list[Case]:
             lambda: encode_item(item_from_vllm(item)),
             lambda b: item_to_vllm(decode_item(b)),  # type: ignore[arg-type]
         ),
+        Case("ours binary, elided (raw msgpack)", elided_item, lambda b: item_back(b, True)),
         upstream_doc(),
         doc(WireFormat.JSON),
         doc(WireFormat.MSGPACK),
+        doc(WireFormat.MSGPACK, elided=True),
     ]
 
 
@@ -224,15 +260,17 @@ def main() -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     items = processor_items(args.model)
     print(f"model: tiny {args.model}; median of {args.reps} interleaved runs; one process\n")
+    sizes: dict[str, dict[str, int]] = {}
     header = ROW.format("image", "case", "bytes", "enc ms", "dec ms", "MB/s", "vs vLLM")
     print(header)
     print("-" * len(header))
-    for label, item in items.items():
+    for label, sample in items.items():
+        item = sample.item
         payload = sum(t.nbytes for t in _tensors(item))
         shapes = ", ".join(
             f"{k} {tuple(t.shape)} {t.dtype}" for k, t in zip(item, _tensors(item), strict=True)
         )
-        all_cases = cases(item)
+        all_cases = cases(sample)
         gc.collect()
         results = measure(all_cases, args.reps)
         totals = {c.name: e + d for c, (e, d, _) in zip(all_cases, results, strict=True)}
@@ -240,6 +278,8 @@ def main() -> int:
             total = enc_ms + dec_ms
             mbps = payload / 1e6 / (total / 1e3)
             size = len(encoded) if isinstance(encoded, (bytes, str)) else payload
+            if "document" in case.name:
+                sizes.setdefault(label, {})[case.name] = size
             ref = totals[ITEM_BASELINE if "document" not in case.name else DOC_BASELINE]
             ratio = "" if case.name.startswith("memcpy") else f"{ref / total:.2f}x"
             print(
@@ -251,7 +291,22 @@ def main() -> int:
     print(f"vs vLLM: item rows against '{ITEM_BASELINE}', document rows against")
     print(f"'{DOC_BASELINE}'; higher is faster. Ours decodes zero-copy (read-only views of")
     print("the body); vLLM's decoder copies inline tensors. MB/s: tensor bytes per encode+decode.")
+    print("Elided: the model's wire transforms (tandem_vllm.wire_transforms), undone on decode.\n")
+    print_sizes(sizes)
     return 0
+
+
+def print_sizes(sizes: dict[str, dict[str, int]]) -> None:
+    """Bytes of one first-seen image's generate document, against upstream's JSON."""
+    row = "{:<9} {:<36} {:>10} {:>9}"
+    header = row.format("image", "document", "bytes", "vs JSON")
+    print(header)
+    print("-" * len(header))
+    for label, by_case in sizes.items():
+        base = by_case[DOC_BASELINE]
+        for name, size in by_case.items():
+            print(row.format(label, name, size, f"{size / base:.3f}x"))
+    print("\nvs JSON: bytes over upstream's JSON document (vLLM's pydantic) for the same image.")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from tandem_vllm.items import item_from_vllm, placeholder_from_vllm
 from tandem_vllm.prompts import engine_prompt
 from tandem_vllm.sampling import MaxTokensDefaults
 from tandem_vllm.upstream_names import check_upstream_names
+from tandem_vllm.wire_transforms import wire_transforms_for
 from tandem_wire import PlaceholderRange
 
 from .errors import EngineNotReady
@@ -212,7 +213,7 @@ def probe_model(model_config: Any) -> ModelSpec:
         "image": Image.fromarray(np.full((64, 96, 3), 128, np.uint8)),
         "video": np.full((4, 64, 64, 3), 128, np.uint8),
     }
-    spec = ModelSpec()
+    spec = ModelSpec(wire_transforms=wire_transforms_for(proc.info.get_hf_processor()))
     for modality, sample in samples.items():
         try:
             content = [{"type": modality}, {"type": "text", "text": "x"}]

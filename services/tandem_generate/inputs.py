@@ -15,6 +15,7 @@ import numpy as np
 
 from tandem_http import TokenOutOfVocabulary, TooManyItems
 from tandem_vllm.items import item_to_vllm
+from tandem_vllm.wire_transforms import TransformMismatch
 from tandem_wire import (
     DecodeLimits,
     FieldElem,
@@ -128,13 +129,19 @@ class InputBuilder:
         self, entry: ItemBytes, spec: ModalitySpec, tenant: str, modality: str
     ) -> StoredItem:
         wire = decode_item(entry, self.limits)
+        try:
+            # Undone first: the rebuilt tensors face the same checks as any item's.
+            wire, rebuilt = self.spec.wire_transforms.decode_item(wire)
+        except TransformMismatch as exc:
+            raise InvalidItem(f"{modality} item: {exc}") from None
         wire = rebind(wire, spec, modality)
         data = memoryview(entry)
         return StoredItem(
+            # Of the bytes as sent, transform declaration included: what the sender names.
             content_id=content_id(tenant, data),
             item=item_to_vllm(wire),
             wire=wire,
-            nbytes=data.nbytes,
+            nbytes=data.nbytes + rebuilt,
         )
 
     def _check_range(

@@ -2,7 +2,8 @@
 
 A synthetic image (and video, where supported) goes through vLLM's processor when the service
 starts; the items it yields fix, per modality, the keys, dtypes, ranks and field layouts a
-caller's item must have, the placeholder token, and how a grid maps to a token count.
+caller's item must have, the placeholder token, and how a grid maps to a token count. The
+processor also fixes which wire transforms items may arrive in.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tandem_vllm.wire_transforms import WireTransforms
 from tandem_wire import BatchedLayout, FieldLayout, FlatLayout, SharedLayout
 
 __all__ = ["FieldSpec", "ModalitySpec", "ModelSpec"]
@@ -51,6 +53,8 @@ class ModelSpec:
     """Per modality specs, plus what the prompt side needs."""
 
     modalities: dict[str, ModalitySpec] = field(default_factory=dict)
+    wire_transforms: WireTransforms = field(default_factory=WireTransforms)
+    """The wire transforms this model's processor has (undone before items are checked)."""
 
     def max_request_bytes(self, max_model_len: int, max_items: int) -> int:
         """The largest generate request this model can take, as JSON (base64 items).

@@ -25,7 +25,12 @@ from tandem_http import (
     read_body,
     service_app,
 )
-from tandem_wire import encode_generate_request_parts
+from tandem_wire import (
+    WIRE_TRANSFORMS_HEADER,
+    WireFormat,
+    accepted_wire_transforms,
+    encode_generate_request_parts,
+)
 
 from .media import MediaLoader
 from .metrics import RenderMetrics
@@ -63,10 +68,16 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
 
     app = service_app("Tandem render", lifespan, settings.api_key)
 
-    async def request_body(request: Request) -> tuple[bytes, Any, Any]:
+    async def request_body(request: Request) -> tuple[bytes, Any, Any, frozenset[str]]:
         body = await read_body(request, settings.max_body_bytes)
         in_fmt, out_fmt = negotiate(request)
-        return body, in_fmt, out_fmt
+        # Wire transforms only in binary answers: a JSON answer stays upstream's bytes.
+        transforms = (
+            accepted_wire_transforms(request.headers.get(WIRE_TRANSFORMS_HEADER))
+            if out_fmt is WireFormat.MSGPACK
+            else frozenset()
+        )
+        return body, in_fmt, out_fmt, transforms
 
     def respond(answer: Any, out_fmt: Any) -> Response:
         parts = encode_generate_request_parts(answer, out_fmt)
@@ -77,15 +88,15 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     @app.post("/v1/chat/completions/render")
     @admitted(gate)
     async def render_chat(request: Request) -> Response:
-        body, in_fmt, out_fmt = await request_body(request)
-        result = await request.app.state.service.render_chat(body, in_fmt)
+        body, in_fmt, out_fmt, transforms = await request_body(request)
+        result = await request.app.state.service.render_chat(body, in_fmt, transforms)
         return respond(result, out_fmt)
 
     @app.post("/v1/completions/render")
     @admitted(gate)
     async def render_completion(request: Request) -> Response:
-        body, in_fmt, out_fmt = await request_body(request)
-        results = await request.app.state.service.render_completion(body, in_fmt)
+        body, in_fmt, out_fmt, transforms = await request_body(request)
+        results = await request.app.state.service.render_completion(body, in_fmt, transforms)
         return respond(results, out_fmt)
 
     @app.get("/health")

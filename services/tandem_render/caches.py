@@ -64,17 +64,18 @@ class ByteBudgetCache(Generic[K, V]):
                 self._cache.pop(key, None)
 
 
-ItemCache = ByteBudgetCache[str, bytes]
-"""Encoded items by mm_hash. mm_hash covers the media bytes and the processor kwargs, so equal
-hashes mean equal items (callers cannot choose hashes: prepare refuses uuids)."""
+ItemCache = ByteBudgetCache[tuple[str, frozenset[str]], bytes]
+"""Encoded items by (mm_hash, wire transforms applied where exact). mm_hash covers the media
+bytes and the processor kwargs, so equal hashes mean equal items (callers cannot choose hashes:
+prepare refuses uuids)."""
 
 DecodedCache = ByteBudgetCache[tuple[str, str], Any]
 """Decoded media by (media IO settings, blake3 of the bytes), so a repeated image (an RL batch
 sends each prompt many times) is not decoded again."""
 
-AnswerCache = ByteBudgetCache[tuple[str, str], tuple[GenerateRequest[Any], bool]]
-"""Rendered answers (and whether the caller chose the request id) by (route, blake3 of the
-request body)."""
+AnswerCache = ByteBudgetCache[tuple[str, frozenset[str], str], tuple[GenerateRequest[Any], bool]]
+"""Rendered answers (and whether the caller chose the request id) by (route, wire transforms
+accepted, blake3 of the request body)."""
 
 
 def new_answer_cache(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import blake3
 import msgspec
 
-from tandem_wire import GenerateRequest, WireFormat, decode_document
+from tandem_wire import ANY_WIRE_TRANSFORM, GenerateRequest, WireFormat, decode_document
 
 from .caches import ItemCache, new_answer_cache
 from .media import MediaLoader
@@ -43,7 +43,10 @@ class Renderer(Protocol):
 
     def new_decoded_cache(self, budget_bytes: int) -> Any: ...
 
-    def encode_item(self, item: Any) -> bytes: ...
+    wire_transform_names: frozenset[str]
+    """The wire transforms this model's items can travel in (``tandem_vllm.wire_transforms``)."""
+
+    def encode_item(self, item: Any, transforms: frozenset[str] = frozenset()) -> bytes: ...
 
 
 class RenderService:
@@ -76,9 +79,14 @@ class RenderService:
         # sends the same prompt many times, and rendering is deterministic for equal bytes.
         self.answers = new_answer_cache(settings.answer_cache_bytes, settings.answer_cache_ttl_s)
 
-    async def render_chat(self, raw: bytes, fmt: WireFormat) -> GenerateRequest[bytes | None]:
+    async def render_chat(
+        self, raw: bytes, fmt: WireFormat, transforms: frozenset[str] = frozenset()
+    ) -> GenerateRequest[bytes | None]:
+        """``transforms``: the wire transforms the caller accepts (``*``: any), applied where
+        this model has them and they are exact."""
+        names = self._wire_transforms(transforms)
         with self._account("chat"):
-            key = ("chat", blake3.blake3(raw).hexdigest())
+            key = ("chat", names, blake3.blake3(raw).hexdigest())
             hit = self.answers.get(key)
             if hit is not None:
                 self.metrics.answer_cache_hits.inc()
@@ -87,7 +95,7 @@ class RenderService:
             prepared = prepare_chat(body, self.limits)
             media = await self._load_all(prepared.media)
             result = await self.renderer.render_chat(
-                prepared.body, media, self._encode, self.decoded
+                prepared.body, media, self._encoder(names), self.decoded
             )
             self._remember(key, result, body, prepared.media)
             return result
@@ -101,8 +109,9 @@ class RenderService:
             self.answers.put(key, (result, keeps_id))
 
     async def render_completion(
-        self, raw: bytes, fmt: WireFormat
+        self, raw: bytes, fmt: WireFormat, transforms: frozenset[str] = frozenset()
     ) -> list[GenerateRequest[bytes | None]]:
+        names = self._wire_transforms(transforms)
         with self._account("completion"):
             body = decode_document(raw, Any, fmt)
             prepared = prepare_completion(body, self.limits, self.renderer.vocab_size)
@@ -121,17 +130,27 @@ class RenderService:
                     {"image": [by_token[r.token] for r in refs]} if refs else None
                     for refs in prepared.images
                 ]
-            return await self.renderer.render_completion(prepared.body, prompt_media, self._encode)
+            return await self.renderer.render_completion(
+                prepared.body, prompt_media, self._encoder(names)
+            )
 
-    def _encode(self, mm_hash: str, item: Any) -> bytes:
-        cached = self.items.get(mm_hash)
-        if cached is not None:
-            self.metrics.item_cache_hits.inc()
-            return cached
-        self.metrics.item_cache_misses.inc()
-        data = self.renderer.encode_item(item)
-        self.items.put(mm_hash, data)
-        return data
+    def _wire_transforms(self, asked: frozenset[str]) -> frozenset[str]:
+        ours = self.renderer.wire_transform_names
+        return ours if ANY_WIRE_TRANSFORM in asked else ours & asked
+
+    def _encoder(self, transforms: frozenset[str]) -> Callable[[str, Any], bytes]:
+        def encode(mm_hash: str, item: Any) -> bytes:
+            key = (mm_hash, transforms)
+            cached = self.items.get(key)
+            if cached is not None:
+                self.metrics.item_cache_hits.inc()
+                return cached
+            self.metrics.item_cache_misses.inc()
+            data = self.renderer.encode_item(item, transforms)
+            self.items.put(key, data)
+            return data
+
+        return encode
 
     async def _load_all(self, refs: Sequence[MediaRef]) -> dict[str, bytes]:
         datas = await asyncio.gather(*(self._load(r) for r in refs))

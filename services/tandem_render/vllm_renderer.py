@@ -34,6 +34,7 @@ from tandem_http import BadRequest, ModelNotFound, PromptTooLong
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_vllm.requests import UpstreamGenerateRequest, generate_request_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
+from tandem_vllm.wire_transforms import wire_transforms_for
 from tandem_wire import GenerateRequest, TandemHTTPError
 
 from .inline import InlineExecutor
@@ -150,6 +151,11 @@ class EngineRenderer:
         self.vocab_size: int = len(self.online.renderer.get_tokenizer())
         self.is_multimodal: bool = bool(model_config.is_multimodal_model)
         self.processor_facts = _processor_facts(renderer.mm_processor)
+        mm_processor = renderer.mm_processor
+        self.wire_transforms = wire_transforms_for(
+            mm_processor.info.get_hf_processor() if mm_processor is not None else None
+        )
+        self.wire_transform_names = self.wire_transforms.names
         self.video_limits = VideoLimits(
             max_seconds=settings.max_video_seconds,
             max_frames=settings.max_video_frames,
@@ -175,8 +181,9 @@ class EngineRenderer:
     def new_decoded_cache(self, budget_bytes: int) -> DecodedCache:
         return DecodedCache(budget_bytes, decoded_size)
 
-    def encode_item(self, item: Any) -> bytes:
-        return encode_vllm_item(item)
+    def encode_item(self, item: Any, transforms: frozenset[str] = frozenset()) -> bytes:
+        """Wire bytes of an item, in those of ``transforms`` this model has where exact."""
+        return encode_vllm_item(item, self.wire_transforms, transforms)
 
     async def render_chat(
         self,

@@ -15,6 +15,8 @@ import httpx
 import msgspec
 
 from tandem_wire import (
+    ANY_WIRE_TRANSFORM,
+    WIRE_TRANSFORMS_HEADER,
     GenerateRequest,
     GenerateResponse,
     WireFormat,
@@ -74,11 +76,14 @@ class AsyncTandemClient:
     """Talks to one or more render and generate nodes.
 
     Binary (msgpack) bodies by default; ``binary=False`` speaks upstream-compatible JSON, which
-    also works against upstream vLLM's render and generate servers. Connection errors and
-    429/503 answers are retried with exponential backoff (at most ``max_retries`` times); input
-    errors (other 4xx) never are. A generate node that cannot be reached or answers 503 (its
-    engine died) is skipped for ``node_cooldown_s`` and its requests move to the next node in
-    their affinity order, with the items that node lacks.
+    also works against upstream vLLM's render and generate servers. In binary, render is asked
+    for the model's exact wire transforms (``wire_transforms``: ``"*"`` for all, names, or None
+    for none), e.g. Qwen-VL images with their repeated temporal patches sent once; the client
+    passes items on as bytes and never needs to understand them, the generate node undoes them.
+    Connection errors and 429/503 answers are retried with exponential backoff (at most
+    ``max_retries`` times); input errors (other 4xx) never are. A generate node that cannot be
+    reached or answers 503 (its engine died) is skipped for ``node_cooldown_s`` and its requests
+    move to the next node in their affinity order, with the items that node lacks.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class AsyncTandemClient:
         max_retries: int = 3,
         backoff_s: float = 0.5,
         held_items_per_node: int = 100_000,
+        wire_transforms: str | Sequence[str] | None = ANY_WIRE_TRANSFORM,
         node_cooldown_s: float = 10.0,
         weight_dir: str | os.PathLike[str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -101,6 +107,11 @@ class AsyncTandemClient:
         self.model = model
         self.weight_dir = weight_dir
         self.fmt = WireFormat.MSGPACK if binary else WireFormat.JSON
+        names = [wire_transforms] if isinstance(wire_transforms, str) else wire_transforms or []
+        # Only binary answers carry transforms (render keeps JSON upstream's), so only then.
+        self._render_headers = (
+            {WIRE_TRANSFORMS_HEADER: ", ".join(names)} if binary and names else {}
+        )
         self.render_nodes = RoundRobin(_strings(render_urls))
         self.generate_urls = _strings(generate_urls)
         self.max_retries = max_retries
@@ -143,11 +154,13 @@ class AsyncTandemClient:
         *,
         failover: bool = False,
         route_key: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         """POST with retries; with ``failover``, an unreachable node or a 503 raises at once
         (the caller moves the request to another node instead of waiting on this one)."""
         fmt = fmt or self.fmt
         headers = {"content-type": fmt.content_type, "accept": fmt.content_type}
+        headers.update(extra_headers or {})
         if route_key:
             headers[ROUTE_KEY_HEADER] = route_key
         for attempt in range(self.max_retries + 1):
@@ -188,7 +201,9 @@ class AsyncTandemClient:
     ) -> tuple[GenerateRequest[Any], httpx.Response]:
         body = {"model": model or self.model, "messages": self._messages(messages), **fields}
         url = f"{self.render_nodes.pick()}/v1/chat/completions/render"
-        r = await self._post(url, self._encode(_drop_none(body)))
+        r = await self._post(
+            url, self._encode(_drop_none(body)), extra_headers=self._render_headers
+        )
         return decode_generate_request(r.content, self._answer_format(r)), r
 
     async def render_completion(
@@ -209,7 +224,9 @@ class AsyncTandemClient:
                 for imgs in images
             ]
         url = f"{self.render_nodes.pick()}/v1/completions/render"
-        r = await self._post(url, self._encode(_drop_none(body)))
+        r = await self._post(
+            url, self._encode(_drop_none(body)), extra_headers=self._render_headers
+        )
         return decode_generate_requests(r.content, self._answer_format(r))
 
     def _messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ Every conversion between the wire and vLLM lives here:
 
 - ``items``: wire kwargs items and placeholder ranges <-> vLLM's own types.
 - ``features``: a rendered engine input -> the wire ``features``.
+- ``wire_transforms``: model-aware exact wire forms of processor outputs, by processor.
 - ``requests``: upstream's ``GenerateRequest`` (from its render) -> the wire request.
 - ``sampling``: ``SamplingParams`` <-> the wire's ``sampling_params``; ``max_tokens`` defaults.
 - ``prompts``: checked wire inputs -> the engine prompt.

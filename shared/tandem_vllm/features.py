@@ -10,18 +10,26 @@ from vllm.multimodal.inputs import MultiModalKwargsItem
 from tandem_wire import MultiModalFeatures, encode_item
 
 from .items import item_from_vllm, placeholder_from_vllm
+from .wire_transforms import WireTransforms
 
 __all__ = ["features_from_engine_input", "encode_vllm_item"]
 
 
-def encode_vllm_item(item: MultiModalKwargsItem) -> bytes:
-    """Wire bytes of a vLLM kwargs item, keys sorted.
+def encode_vllm_item(
+    item: MultiModalKwargsItem,
+    transforms: WireTransforms | None = None,
+    names: frozenset[str] = frozenset(),
+) -> bytes:
+    """Wire bytes of a vLLM kwargs item, keys sorted; fields in the wire transforms ``names``
+    of ``transforms`` where those are exact (binary answers to callers that accept them).
 
     vLLM's processor cache hands back items with their keys in another order than a fresh
     run; sorting makes equal items equal bytes, so the generate side's content identity (and
     its caches) see one item, not two.
     """
     wire = item_from_vllm(item)
+    if transforms is not None and names:
+        wire = transforms.encode_item(wire, names)
     return encode_item({k: wire[k] for k in sorted(wire)})
 
 

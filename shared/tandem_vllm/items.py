@@ -111,7 +111,12 @@ def _field_from_vllm(field: BaseMultiModalField) -> FieldLayout:
 
 
 def item_to_vllm(item: KwargsItem) -> MultiModalKwargsItem:
-    """A vLLM kwargs item sharing memory with the wire item's arrays."""
+    """A vLLM kwargs item sharing memory with the wire item's arrays (wire transforms already
+    undone: ``WireTransforms.decode_item``)."""
+    for key, elem in item.items():
+        if elem.transform is not None:
+            # A caller's bug, not input: every receiving path undoes transforms first.
+            raise ValueError(f"{key!r} is still in wire transform {elem.transform.name!r}")
     return MultiModalKwargsItem(
         {
             key: MultiModalFieldElem(

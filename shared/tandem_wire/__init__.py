@@ -15,10 +15,13 @@ from .codec import (
 )
 from .content_ids import content_id
 from .documents import (
+    ANY_WIRE_TRANSFORM,
     JSON_CONTENT_TYPE,
     MSGPACK_CONTENT_TYPE,
+    WIRE_TRANSFORMS_HEADER,
     ItemBytes,
     WireFormat,
+    accepted_wire_transforms,
     check_features,
     decode_document,
     decode_generate_request,
@@ -43,12 +46,14 @@ from .errors import (
     TandemHTTPError,
     UnsupportedDtype,
     UnsupportedExtType,
+    UnsupportedWireTransform,
     WireError,
 )
 from .items import (
     BatchedLayout,
     FieldElem,
     FieldLayout,
+    FieldTransform,
     FlatLayout,
     KwargsItem,
     NestedTensors,
@@ -75,6 +80,7 @@ from .protocol import (
 )
 
 __all__ = [
+    "ANY_WIRE_TRANSFORM",
     "BatchedLayout",
     "ChoiceLogprobs",
     "DEFAULT_LIMITS",
@@ -83,6 +89,7 @@ __all__ = [
     "ErrorInfo",
     "FieldElem",
     "FieldLayout",
+    "FieldTransform",
     "FlatLayout",
     "GenerateChoice",
     "GenerateRequest",
@@ -112,11 +119,14 @@ __all__ = [
     "TokenLogprobContent",
     "UnsupportedDtype",
     "UnsupportedExtType",
+    "UnsupportedWireTransform",
     "UsageInfo",
     "WeightVersionSpan",
     "WIRE_DTYPES",
+    "WIRE_TRANSFORMS_HEADER",
     "WireError",
     "WireFormat",
+    "accepted_wire_transforms",
     "b64decode_item_bytes",
     "check_features",
     "content_id",

@@ -3,6 +3,12 @@
 One item is a msgpack map ``{key: {"data": <nested>, "field": [factory, kwargs]}}`` where a
 tensor is ``[dtype_name, shape, Ext(3, raw little-endian bytes)]``; this is the layout vLLM's
 ``MsgpackEncoder`` writes for a ``MultiModalKwargsItem`` with every tensor inline.
+
+Our one extension, written only for a binary receiver that asked for it: a field may carry a
+third key, ``"transform": [name, {param: int}]`` (``FieldTransform``), saying ``data`` is in a
+model-aware wire form. Upstream's decoder never sees it; an older Tandem receiver refuses it
+(``invalid_tensor_data``), a current one that does not apply that transform answers
+``unsupported_wire_transform``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from .items import (
     BatchedLayout,
     FieldElem,
     FieldLayout,
+    FieldTransform,
     FlatLayout,
     KwargsItem,
     NestedTensors,
@@ -51,6 +58,9 @@ RAW_TENSOR_EXT = 3
 """The msgpack extension code for raw tensor bytes; the only extension ever accepted."""
 
 _MAX_SLICES = 1 << 16
+_MAX_TRANSFORM_NAME = 64
+_MAX_TRANSFORM_PARAMS = 16
+_MAX_TRANSFORM_PARAM = 1 << 31
 _MAX_BATCH_SIZE = 1 << 20
 _MAX_INDEX = 1 << 62
 _LAYOUT_KEYS = {
@@ -114,16 +124,20 @@ def _layout_to_wire(layout: FieldLayout) -> list[Any]:
 _ENCODER = msgspec.msgpack.Encoder()
 
 
+def _elem_to_wire(elem: FieldElem) -> dict[str, Any]:
+    out = {
+        "data": None if elem.data is None else _nested_to_wire(elem.data),
+        "field": _layout_to_wire(elem.layout),
+    }
+    if elem.transform is not None:
+        # Params sorted: equal declarations are equal bytes (content ids depend on them).
+        out["transform"] = [elem.transform.name, dict(sorted(elem.transform.params.items()))]
+    return out
+
+
 def encode_item(item: KwargsItem) -> bytes:
     """Encode one kwargs item to msgpack bytes (tensor bytes copied once, into the output)."""
-    doc = {
-        key: {
-            "data": None if elem.data is None else _nested_to_wire(elem.data),
-            "field": _layout_to_wire(elem.layout),
-        }
-        for key, elem in item.items()
-    }
-    return _ENCODER.encode(doc)
+    return _ENCODER.encode({key: _elem_to_wire(elem) for key, elem in item.items()})
 
 
 def encode_item_b64(item: KwargsItem) -> str:
@@ -142,6 +156,7 @@ def _ext_hook(code: int, data: memoryview) -> Any:
 
 
 _DECODER = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_ELEM_KEYS = (frozenset({"data", "field"}), frozenset({"data", "field", "transform"}))
 
 
 class _Budget:
@@ -254,6 +269,22 @@ def _layout_from_wire(obj: Any) -> FieldLayout:
     return FlatLayout(slices=_slices_from_wire(kw["slices"]), dim=dim, keep_on_cpu=keep_on_cpu)
 
 
+def _transform_from_wire(obj: Any) -> FieldTransform:
+    if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[1], dict)):
+        raise InvalidTensorData("a field's transform must be [name, {param: int}]")
+    name, params = obj
+    if not (isinstance(name, str) and 0 < len(name) <= _MAX_TRANSFORM_NAME):
+        raise InvalidTensorData("a transform name must be a short non-empty string")
+    if len(params) > _MAX_TRANSFORM_PARAMS:
+        raise InvalidTensorData(f"a transform takes at most {_MAX_TRANSFORM_PARAMS} params")
+    for k, v in params.items():
+        if not (isinstance(k, str) and 0 < len(k) <= _MAX_TRANSFORM_NAME):
+            raise InvalidTensorData("transform param names must be short non-empty strings")
+        if not (_is_index(v) and 0 <= v < _MAX_TRANSFORM_PARAM):
+            raise InvalidTensorData("transform params must be non-negative integers")
+    return FieldTransform(name=name, params=params)
+
+
 def _kind(obj: Any) -> str:
     return "null" if obj is None else type(obj).__name__
 
@@ -263,8 +294,10 @@ def decode_item(
 ) -> KwargsItem:
     """Decode and validate one msgpack kwargs item from untrusted bytes.
 
-    Tensors are zero-copy, read-only views into ``buf`` (they keep it alive). Every failure
-    raises a WireError subclass; nothing else escapes for any input.
+    Tensors are zero-copy, read-only views into ``buf`` (they keep it alive). A field's
+    declared transform is read, not applied: its ``data`` is as sent and ``transform`` names
+    what the receiver must undo (or refuse). Every failure raises a WireError subclass;
+    nothing else escapes for any input.
     """
     size = memoryview(buf).nbytes
     if size > limits.max_item_bytes:
@@ -286,14 +319,19 @@ def decode_item(
     for key, elem in raw.items():
         if not isinstance(key, str):
             raise InvalidTensorData("kwargs item keys must be strings")
-        if not (isinstance(elem, dict) and set(elem) == {"data", "field"}):
+        if not (isinstance(elem, dict) and set(elem) in _ELEM_KEYS):
             raise InvalidTensorData(f"item key {key[:64]!r} must map to {{data, field}}")
         data = elem["data"]
         try:
             nested = None if data is None else _nested_from_wire(data, 0, budget)
         except RecursionError:
             raise NestingTooDeep("kwargs item nests too deeply") from None
-        item[key] = FieldElem(data=nested, layout=_layout_from_wire(elem["field"]))
+        transform = elem.get("transform")
+        item[key] = FieldElem(
+            data=nested,
+            layout=_layout_from_wire(elem["field"]),
+            transform=None if transform is None else _transform_from_wire(transform),
+        )
     return item
 
 

@@ -21,6 +21,9 @@ __all__ = [
     "WireFormat",
     "format_of_content_type",
     "format_for_accept",
+    "WIRE_TRANSFORMS_HEADER",
+    "ANY_WIRE_TRANSFORM",
+    "accepted_wire_transforms",
     "decode_generate_request",
     "decode_generate_requests",
     "encode_generate_request",
@@ -72,6 +75,24 @@ def format_for_accept(accept: str | None) -> WireFormat:
         if _media_type(part) in _MSGPACK_ALIASES:
             return WireFormat.MSGPACK
     return WireFormat.JSON
+
+
+WIRE_TRANSFORMS_HEADER = "x-tandem-wire-transforms"
+"""Request header to render: the wire transforms (``FieldTransform`` names, comma-separated, or
+``*`` for any the model has) the caller's generate nodes undo. Render applies them only to a
+binary (msgpack) answer; JSON answers stay upstream's bytes whatever this says."""
+
+ANY_WIRE_TRANSFORM = "*"
+"""In ``WIRE_TRANSFORMS_HEADER``: every transform the render node has for its model."""
+
+_MAX_ACCEPTED_TRANSFORMS = 32
+
+
+def accepted_wire_transforms(header: str | None) -> frozenset[str]:
+    """The transform names a ``WIRE_TRANSFORMS_HEADER`` value accepts (empty when absent);
+    ``ANY_WIRE_TRANSFORM`` stays in the set as itself."""
+    names = (n.strip() for n in (header or "").split(",")[:_MAX_ACCEPTED_TRANSFORMS])
+    return frozenset(n for n in names if n)
 
 
 # Decoders are built once (msgspec compiles the schema); binary mode decodes bins as

@@ -57,6 +57,9 @@ INVALID_TENSOR_DATA = "invalid_tensor_data"
 """400: tensor data of the wrong form."""
 NESTING_TOO_DEEP = "nesting_too_deep"
 """400: nested lists deeper than the limit."""
+UNSUPPORTED_WIRE_TRANSFORM = "unsupported_wire_transform"
+"""400: a kwargs field declares a wire transform the receiver does not apply (a name it does
+not know, or one this model's processor has not for that field)."""
 
 # Render: media loading.
 INVALID_MEDIA = "invalid_media"

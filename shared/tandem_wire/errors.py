@@ -20,6 +20,7 @@ __all__ = [
     "InvalidTensorData",
     "NestingTooDeep",
     "PayloadTooLarge",
+    "UnsupportedWireTransform",
 ]
 
 
@@ -111,6 +112,13 @@ class NestingTooDeep(WireError):
     """Nested lists deeper than the configured limit."""
 
     type = error_types.NESTING_TOO_DEEP
+
+
+class UnsupportedWireTransform(WireError):
+    """A field declares a wire transform this receiver does not apply: refused, never guessed
+    (its data is not the processor's tensor until the transform is undone)."""
+
+    type = error_types.UNSUPPORTED_WIRE_TRANSFORM
 
 
 class PayloadTooLarge(WireError):

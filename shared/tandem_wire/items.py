@@ -13,6 +13,7 @@ __all__ = [
     "SharedLayout",
     "FieldLayout",
     "FieldElem",
+    "FieldTransform",
     "KwargsItem",
     "NestedTensors",
     "FlatSlices",
@@ -61,6 +62,23 @@ class SharedLayout:
 FieldLayout: TypeAlias = BatchedLayout | FlatLayout | SharedLayout
 
 
+@dataclass(frozen=True, slots=True)
+class FieldTransform:
+    """A model-aware transform its sender applied to a field's data, to be undone on receipt.
+
+    Binary wire only, and only when the receiver asked for it: ``data`` is then not the
+    processor's tensor but the transform's smaller form of it (e.g. Qwen-VL patches with their
+    identical temporal copies sent once). The transforms themselves are model code and live
+    with the vLLM adapters (``tandem_vllm.wire_transforms``); this is only their declaration.
+    """
+
+    name: str
+    """The transform and its version, e.g. ``qwen_vl.temporal_dedup/v1``."""
+
+    params: dict[str, int]
+    """What undoing it needs (factors, sizes), each checked by the receiver against its model."""
+
+
 @dataclass(slots=True)
 class FieldElem:
     """One keyword argument of one item: its data and how the engine batches it."""
@@ -70,6 +88,10 @@ class FieldElem:
 
     layout: FieldLayout
     """How this field is combined with other items' (batched / flat / shared)."""
+
+    transform: FieldTransform | None = None
+    """The wire transform ``data`` is in; None (always, in upstream's JSON) means ``data`` is
+    the processor's tensor itself."""
 
 
 KwargsItem: TypeAlias = dict[str, FieldElem]

@@ -33,6 +33,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     wire.InvalidFieldLayout: tc.BadRequestError,
     wire.InvalidTensorData: tc.BadRequestError,
     wire.NestingTooDeep: tc.BadRequestError,
+    wire.UnsupportedWireTransform: tc.BadRequestError,
     wire.PayloadTooLarge: tc.PayloadTooLargeError,
     http.BodyTooLarge: tc.PayloadTooLargeError,
     # shared by both services

@@ -94,6 +94,7 @@ def _module_imports(path: Path) -> set[str]:
 def test_wire_public_api_is_pinned():
     assert sorted(tandem_wire.__all__) == sorted(
         [
+            "ANY_WIRE_TRANSFORM",
             "BatchedLayout",
             "ChoiceLogprobs",
             "content_id",
@@ -103,6 +104,7 @@ def test_wire_public_api_is_pinned():
             "ErrorInfo",
             "FieldElem",
             "FieldLayout",
+            "FieldTransform",
             "FlatLayout",
             "GenerateChoice",
             "GenerateRequest",
@@ -132,11 +134,14 @@ def test_wire_public_api_is_pinned():
             "TokenLogprobContent",
             "UnsupportedDtype",
             "UnsupportedExtType",
+            "UnsupportedWireTransform",
             "UsageInfo",
             "WIRE_DTYPES",
+            "WIRE_TRANSFORMS_HEADER",
             "WeightVersionSpan",
             "WireError",
             "WireFormat",
+            "accepted_wire_transforms",
             "b64decode_item_bytes",
             "check_features",
             "decode_document",

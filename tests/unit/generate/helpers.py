@@ -37,8 +37,11 @@ def generate_app(engine, model: str, **overrides):
     return create_app(settings, lambda: engine, shutdown_engine=False)
 
 
-async def render(renderer, model: str, images: list, **sampling) -> GenerateRequest:
-    """What our render service answers for a chat with these images (in-process)."""
+async def render(
+    renderer, model: str, images: list, *, transforms: frozenset[str] = frozenset(), **sampling
+) -> GenerateRequest:
+    """What our render service answers for a chat with these images (in-process), in the wire
+    ``transforms`` named (as a binary answer would be)."""
     from prometheus_client import CollectorRegistry
 
     rs = RenderSettings(model=model, max_images_per_prompt=8)
@@ -47,7 +50,7 @@ async def render(renderer, model: str, images: list, **sampling) -> GenerateRequ
     )
     urls = [data_url(png_bytes(seed=i)) if isinstance(i, int) else i for i in images]
     body = msgspec.json.encode(chat_body(model, urls, **sampling))
-    return await service.render_chat(body, WireFormat.JSON)
+    return await service.render_chat(body, WireFormat.JSON, transforms)
 
 
 def with_sampling(req: GenerateRequest, **fields) -> GenerateRequest:
