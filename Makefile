@@ -22,7 +22,7 @@ FRONT_PORT ?= 8000
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit fuzz lint format bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
+.PHONY: help setup models test test-unit fuzz soak lint format bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + generate + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
@@ -31,6 +31,7 @@ help:
 	@echo "make test        set up if needed, lint, then run the test suite"
 	@echo "make lint        ruff + mypy"
 	@echo "make fuzz        the request fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000)"
+	@echo "make soak        render + generate + front door under saturating mixed load (SOAK_SECONDS, 300); plot in .cache/soak"
 	@echo "make models      build the tiny test models into .cache/models"
 	@echo "make bench-wire  wire codec throughput and bytes: ours (JSON, binary, elided) vs vLLM's serde"
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
@@ -66,6 +67,10 @@ test-unit: setup
 # The fuzz suites' long form (CI runs 150 mutants per route inside `make test`).
 fuzz: setup
 	TANDEM_FUZZ_COUNT=$${TANDEM_FUZZ_COUNT:-3000} $(PY) -m pytest -s tests/unit/generate/test_fuzz.py tests/unit/render/test_fuzz.py $(PYTEST_ARGS)
+
+# The soak's long form (CI runs a minute of it inside `make test`).
+soak: setup
+	$(PY) -m tools.soak --seconds $${SOAK_SECONDS:-300}
 
 bench-wire: setup
 	$(PY) -m tools.bench_wire

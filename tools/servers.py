@@ -124,10 +124,11 @@ def tandem_render(model: str, *options: str, workers: int = 1) -> ServerProcess:
     )
 
 
-def tandem_generate(model: str, weight_dir: str | None = None) -> ServerProcess:
+def tandem_generate(model: str, weight_dir: str | None = None, *options: str) -> ServerProcess:
     """Our generate server; control routes on (it binds 127.0.0.1), and with ``weight_dir`` the
-    tandem_file weight-transfer backend reading updates from that folder."""
-    args = ["--model", model, "--enable-control-routes", *CPU_ENGINE_ARGS]
+    tandem_file weight-transfer backend reading updates from that folder (``options``: more of
+    its command-line options)."""
+    args = ["--model", model, "--enable-control-routes", *CPU_ENGINE_ARGS, *options]
     if weight_dir is not None:
         args += [*weight_transfer_args(weight_dir)]
     return _start("tandem-generate", "tandem_generate", args)

@@ -23,6 +23,7 @@ from tandem_client.client import chat_sampling_fields
 from tandem_client.routing import affinity_key
 from tandem_http import BadRequest, request_id_of
 from tandem_wire import (
+    WIRE_TRANSFORMS_HEADER,
     ChoiceLogprobs,
     GenerateRequest,
     GenerateResponse,
@@ -170,6 +171,9 @@ class OpenAIService:
 
     async def _render(self, path: str, body: bytes, request: Request) -> bytes:
         headers = self._headers(request, "application/json")
+        # The answer goes to our own generate nodes: the model's exact wire transforms are
+        # understood there, and cut the bytes of each first-seen item.
+        headers[WIRE_TRANSFORMS_HEADER] = "*"
         node, response = await self.forwarder.open(
             self.upstreams.render_order(), "POST", path, headers, body
         )

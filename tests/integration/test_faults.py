@@ -196,7 +196,7 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
 def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(fleet, own_generate):
     model, urls = fleet
     node = own_generate.proc
-    body = chat_body(model, [data_url(png_bytes(seed=990))], max_tokens=1000, temperature=0.0)
+    body = chat_body(model, [data_url(png_bytes(seed=990))], max_tokens=600, temperature=0.0)
     r = httpx.post(f"{urls['render']}/v1/chat/completions/render", json=body, timeout=60)
     assert r.status_code == 200
     request = r.json()
@@ -221,7 +221,7 @@ def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(fleet, own_gen
     assert refused.status_code == 503
     assert refused.json()["error"]["type"] == "shutting_down"
     assert answer.status_code == 200, answer.text
-    assert len(answer.json()["choices"][0]["token_ids"]) == 1000
+    assert len(answer.json()["choices"][0]["token_ids"]) == 600
     assert node.proc.wait(timeout=EXIT_WITHIN_S) == 0, node.log_text()
     assert time.monotonic() - signalled < EXIT_WITHIN_S + 30
 
