@@ -7,6 +7,7 @@ needs the shared fleet's engine metrics.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -155,12 +156,28 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
     with TandemClient(render, own_generate.proc.url, model=model) as a:
         first = a.rollout(batch, held_images, progress=False, **GREEDY)
 
-        # Client B's batch is in flight when the node is killed and started again. B retries
-        # with backoff for longer than a restart takes; every request is answered once.
+        # The node is killed while a long stream runs on it and client B's batch is under way,
+        # then started again. The stream ends with a transport error (nothing hangs); B retries
+        # with backoff for longer than a restart takes, and every request is answered once.
         restarted: list[ServerProcess] = []
+        streaming, batch_started = threading.Event(), threading.Event()
+        long_request = rendered_generate(render, model, seed=990, max_tokens=2000)
+
+        def stream_until_cut() -> str:
+            url = f"{own_generate.proc.url}/inference/v1/generate"
+            try:
+                with httpx.stream("POST", url, json=long_request, timeout=120) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            streaming.set()
+            except httpx.TransportError as exc:
+                return type(exc).__name__
+            return "finished"
 
         def kill_and_restart() -> None:
-            wait_until(lambda: pending(own_generate.proc) >= 2, 300, "requests in flight")
+            if not (streaming.wait(120) and batch_started.wait(120)):
+                raise AssertionError("nothing in flight to kill")
+            time.sleep(1.0)  # B's first requests reach the node
             os.killpg(own_generate.proc.proc.pid, signal.SIGKILL)
             own_generate.restart()
             restarted.append(own_generate.proc)
@@ -169,11 +186,15 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
             TandemClient(
                 render, own_generate.proc.url, model=model, max_retries=10, backoff_s=1.0
             ) as b,
-            ThreadPoolExecutor(1) as pool,
+            ThreadPoolExecutor(2) as pool,
         ):
+            cut = pool.submit(stream_until_cut)
             killer = pool.submit(kill_and_restart)
+            streaming.wait(120)
+            batch_started.set()
             second = b.rollout(batch, fresh_images, progress=False, **GREEDY)
             killer.result(timeout=300)
+            assert cut.result(timeout=60) in ("RemoteProtocolError", "ReadError")
         assert restarted, "the node was not restarted during the batch"
         new = restarted[0]
         assert len(second.completion_ids) == prompts
@@ -193,22 +214,31 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
     assert third.completion_ids == first.completion_ids
 
 
+def rendered_generate(render: str, model: str, seed: int, max_tokens: int) -> dict:
+    """A generate request (JSON) for one image that runs ``max_tokens`` steps, streamed."""
+    body = chat_body(model, [data_url(png_bytes(seed=seed))], max_tokens=max_tokens)
+    r = httpx.post(f"{render}/v1/chat/completions/render", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    request = r.json()
+    request["sampling_params"].update(temperature=0.0, ignore_eos=True)
+    request["stream"] = True
+    return request
+
+
 def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(fleet, own_generate):
     model, urls = fleet
     node = own_generate.proc
-    body = chat_body(model, [data_url(png_bytes(seed=990))], max_tokens=600, temperature=0.0)
-    r = httpx.post(f"{urls['render']}/v1/chat/completions/render", json=body, timeout=60)
-    assert r.status_code == 200
-    request = r.json()
-    request["sampling_params"]["ignore_eos"] = True
-
-    def generate() -> httpx.Response:
-        return httpx.post(f"{node.url}/inference/v1/generate", json=request, timeout=120)
-
-    with ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(generate)
-        wait_until(lambda: pending(node) >= 1 or in_flight.done(), 60, "the request in flight")
-        assert not in_flight.done(), in_flight.result().text
+    tokens = 400
+    request = rendered_generate(urls["render"], model, seed=991, max_tokens=tokens)
+    url = f"{node.url}/inference/v1/generate"
+    received: list[int] = []
+    with httpx.stream("POST", url, json=request, timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: {"):
+                received += json.loads(line[6:])["choices"][0]["token_ids"]
+                break  # the request is running on the engine
         signalled = time.monotonic()
         node.proc.send_signal(signal.SIGTERM)  # to the server process, as an orchestrator does
         wait_until(
@@ -216,12 +246,15 @@ def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(fleet, own_gen
             10,
             "the node to report it is draining",
         )
-        refused = generate()
-        answer = in_flight.result(timeout=120)
+        refused = httpx.post(url, json={**request, "stream": False}, timeout=30)
+        for line in lines:  # the stream goes on to its end
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    received += choice["token_ids"] or []
     assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["type"] == "shutting_down"
-    assert answer.status_code == 200, answer.text
-    assert len(answer.json()["choices"][0]["token_ids"]) == 600
+    assert len(received) == tokens
     assert node.proc.wait(timeout=EXIT_WITHIN_S) == 0, node.log_text()
     assert time.monotonic() - signalled < EXIT_WITHIN_S + 30
 

@@ -11,8 +11,12 @@ import tandem_http
 def test_public_api_is_pinned() -> None:
     assert sorted(tandem_http.__all__) == sorted(
         [
+            "DRAINING_HEADER",
             "MULTIPROC_ENV",
             "REQUEST_ID_HEADER",
+            "Drain",
+            "DrainingConfig",
+            "DrainingServer",
             "ApiKeyMiddleware",
             "BadRequest",
             "BodyTooLarge",
