@@ -41,6 +41,7 @@ MAX_429_RETRIES = 60
 RELEASE_LAG_S = 0.2
 """A request answered this recently may still hold its slot on generate (a stream's slot is
 freed just after its last bytes leave; answers of one engine step leave together)."""
+GENERATE_ITEM_CACHE_BYTES = 512 * 2**20
 ENGINE_MM_CACHE_GB = 0.25
 """vLLM's engine-side item cache on generate (``--mm-processor-cache-gb``): a bounded arena
 that fills with fresh images, so its bound is the engine core's allowed RSS growth."""
@@ -108,6 +109,10 @@ class Stack:
             str(generate_max_pending),
             "--mm-processor-cache-gb",
             str(ENGINE_MM_CACHE_GB),
+            # Within what the process faults in at start-up (tandem_http.memory.MAX_PRETOUCH):
+            # the store fills and evicts during the soak, and RSS must not move.
+            "--item-cache-bytes",
+            str(GENERATE_ITEM_CACHE_BYTES),
         )
         self.servers = [self.render, self.generate]
         for server in self.servers:

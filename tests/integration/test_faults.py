@@ -228,7 +228,9 @@ def rendered_generate(render: str, model: str, seed: int, max_tokens: int) -> di
 def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(fleet, own_generate):
     model, urls = fleet
     node = own_generate.proc
-    tokens = 400
+    # Long enough to outlast the checks below: the server writes a stream's tokens as they come,
+    # whether or not the client reads them, so the drain ends when the engine is done.
+    tokens = 2000
     request = rendered_generate(urls["render"], model, seed=991, max_tokens=tokens)
     url = f"{node.url}/inference/v1/generate"
     received: list[int] = []
