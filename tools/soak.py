@@ -268,6 +268,23 @@ class Load:
             req = http.build_request("POST", f"{url}/inference/v1/generate", json=request)
             return http.send(req, stream=True)
 
+        await self._answer(send, op, outcome, echoes_id=True)
+
+    async def _chat(self, http: httpx.AsyncClient, op: Op, outcome: Outcome) -> None:
+        body = {**self.chat(op), "return_token_ids": True, "stream": op.stream}
+
+        def send() -> Any:
+            req = http.build_request("POST", f"{self.front}/v1/chat/completions", json=body)
+            return http.send(req, stream=True)
+
+        await self._answer(send, op, outcome, echoes_id=False)
+
+    async def _answer(
+        self, send: Callable[[], Any], op: Op, outcome: Outcome, *, echoes_id: bool
+    ) -> None:
+        """Send, then read each sample's token ids from the answer (whole or streamed; generate
+        and chat completions name them alike); ``echoes_id``: the answer carries our id (chat
+        ids are the front door's own)."""
         response = await self._post_generate(send, outcome)
         if response is None:
             return
@@ -282,47 +299,17 @@ class Load:
                     if not line.startswith("data: {"):
                         continue
                     chunk = json.loads(line[6:])
-                    outcome.echoed_id = chunk["request_id"]
+                    outcome.echoed_id = chunk.get("request_id")
                     for choice in chunk["choices"]:
-                        tokens.setdefault(choice["index"], []).extend(choice["token_ids"] or [])
+                        tokens.setdefault(choice["index"], []).extend(choice.get("token_ids") or [])
             else:
                 answer = json.loads(await response.aread())
-                outcome.echoed_id = answer["request_id"]
+                outcome.echoed_id = answer.get("request_id")
                 for choice in answer["choices"]:
                     tokens[choice["index"]] = choice["token_ids"]
             outcome.tokens = [tokens.get(i, []) for i in range(op.n)]
-        finally:
-            self.generating -= 1
-            self.finished_at.append(time.monotonic())
-            await response.aclose()
-
-    async def _chat(self, http: httpx.AsyncClient, op: Op, outcome: Outcome) -> None:
-        body = {**self.chat(op), "return_token_ids": True, "stream": op.stream}
-
-        def send() -> Any:
-            req = http.build_request("POST", f"{self.front}/v1/chat/completions", json=body)
-            return http.send(req, stream=True)
-
-        response = await self._post_generate(send, outcome)
-        if response is None:
-            return
-        try:
-            outcome.status = response.status_code
-            if response.status_code != 200:
-                outcome.error = (await response.aread()).decode(errors="replace")[:300]
-                return
-            tokens: dict[int, list[int]] = {}
-            if op.stream:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    for choice in json.loads(line[6:])["choices"]:
-                        tokens.setdefault(choice["index"], []).extend(choice.get("token_ids") or [])
-            else:
-                for choice in json.loads(await response.aread())["choices"]:
-                    tokens[choice["index"]] = choice["token_ids"]
-            outcome.tokens = [tokens.get(i, []) for i in range(op.n)]
-            outcome.echoed_id = op.request_id()  # chat ids are the front door's own
+            if not echoes_id:
+                outcome.echoed_id = op.request_id()
         finally:
             self.generating -= 1
             self.finished_at.append(time.monotonic())

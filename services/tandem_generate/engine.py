@@ -201,14 +201,29 @@ def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:
     return args
 
 
+def process_one(proc: Any, modality: str, sample: Any) -> Any:
+    """vLLM's processor output for a one-item chat prompt (``proc``: from
+    ``MULTIMODAL_REGISTRY.create_processor``)."""
+    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+    tok = proc.info.get_tokenizer()
+    content = [{"type": modality}, {"type": "text", "text": "x"}]
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tok.encode(str(text), add_special_tokens=False)
+    return proc.apply(
+        ProcessorInputs(ids, proc.info.parse_mm_data({modality: [sample]})),
+        TimingContext(enabled=False),
+    )
+
+
 def probe_model(model_config: Any) -> ModelSpec:
     """Run vLLM's processor on synthetic media once, to learn what items look like."""
     from PIL import Image
     from vllm.multimodal import MULTIMODAL_REGISTRY
-    from vllm.multimodal.processing import ProcessorInputs, TimingContext
 
     proc = MULTIMODAL_REGISTRY.create_processor(model_config)
-    tok = proc.info.get_tokenizer()
     samples: dict[str, Any] = {
         "image": Image.fromarray(np.full((64, 96, 3), 128, np.uint8)),
         "video": np.full((4, 64, 64, 3), 128, np.uint8),
@@ -216,15 +231,7 @@ def probe_model(model_config: Any) -> ModelSpec:
     spec = ModelSpec(wire_transforms=wire_transforms_for(proc.info.get_hf_processor()))
     for modality, sample in samples.items():
         try:
-            content = [{"type": modality}, {"type": "text", "text": "x"}]
-            text = tok.apply_chat_template(
-                [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-            )
-            ids = tok.encode(str(text), add_special_tokens=False)
-            out = proc.apply(
-                ProcessorInputs(ids, proc.info.parse_mm_data({modality: [sample]})),
-                TimingContext(enabled=False),
-            )
+            out = process_one(proc, modality, sample)
         except Exception as exc:  # a modality the model does not take
             log.info("model takes no %s input (%s)", modality, type(exc).__name__)
             continue

@@ -176,20 +176,12 @@ def test_a_transformed_field_must_hold_one_tensor():
 
 def processed(model_config, modality, sample):
     from vllm.multimodal import MULTIMODAL_REGISTRY
-    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+    from tandem_generate.engine import process_one
+    from tandem_vllm.items import item_from_vllm
 
     proc = MULTIMODAL_REGISTRY.create_processor(model_config)
-    tok = proc.info.get_tokenizer()
-    content = [{"type": modality}, {"type": "text", "text": "x"}]
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-    )
-    ids = tok.encode(str(text), add_special_tokens=False)
-    out = proc.apply(
-        ProcessorInputs(ids, proc.info.parse_mm_data({modality: [sample]})),
-        TimingContext(enabled=False),
-    )
-    from tandem_vllm.items import item_from_vllm
+    out = process_one(proc, modality, sample)
 
     return proc.info.get_hf_processor(), item_from_vllm(out["mm_kwargs"][modality][0])
 
