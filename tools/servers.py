@@ -30,14 +30,32 @@ class ServerProcess:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = Path(tempfile.mkstemp(prefix=f"tandem-{name}-", suffix=".log")[1])
+        self._rebinds = 0
+        self._launch()
+
+    def _launch(self) -> None:
         self._log_file = self.log.open("wb")
         self.proc = subprocess.Popen(
-            args,
+            self.args,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(self.env or {})},
             start_new_session=True,  # its workers are stopped with it
         )
+
+    def _lost_its_port(self) -> bool:
+        """It exited because its port was taken meanwhile: a free port is only free when
+        picked, and an engine binds its HTTP port tens of seconds later."""
+        return self._rebinds < 3 and "address already in use" in self.log_text()
+
+    def _rebind(self) -> None:
+        self._log_file.close()
+        self.port = free_port()
+        at = self.args.index("--port") + 1
+        self.args = [*self.args[:at], str(self.port), *self.args[at + 1 :]]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._rebinds += 1
+        self._launch()
 
     def restarted(self) -> ServerProcess:
         """The same server started again (same command, port and environment)."""
@@ -50,6 +68,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._lost_its_port():
+                    self._rebind()
+                    continue
                 raise RuntimeError(
                     f"{self.name} exited ({self.proc.returncode}):\n{self.log_text()}"
                 )
