@@ -30,7 +30,7 @@ help:
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
 	@echo "make test        set up if needed, lint, then run the test suite"
 	@echo "make lint        ruff + mypy"
-	@echo "make fuzz        the request fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000)"
+	@echo "make fuzz        the fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000; TANDEM_SCHEMA_FUZZ_COUNT schemathesis examples per operation, 200)"
 	@echo "make soak        render + generate + front door under saturating mixed load (SOAK_SECONDS, 300); plot in .cache/soak"
 	@echo "make models      build the tiny test models into .cache/models"
 	@echo "make bench-wire  wire codec throughput and bytes: ours (JSON, binary, elided) vs vLLM's serde"
@@ -64,9 +64,12 @@ test: lint
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-# The fuzz suites' long form (CI runs 150 mutants per route inside `make test`).
+# The fuzz suites' long form (CI runs 150 mutants per route and 10 schema examples per operation
+# and mode inside `make test`).
 fuzz: setup
-	TANDEM_FUZZ_COUNT=$${TANDEM_FUZZ_COUNT:-3000} $(PY) -m pytest -s tests/unit/generate/test_fuzz.py tests/unit/render/test_fuzz.py $(PYTEST_ARGS)
+	TANDEM_FUZZ_COUNT=$${TANDEM_FUZZ_COUNT:-3000} TANDEM_SCHEMA_FUZZ_COUNT=$${TANDEM_SCHEMA_FUZZ_COUNT:-200} \
+		$(PY) -m pytest -s tests/unit/generate/test_fuzz.py tests/unit/render/test_fuzz.py \
+		tests/integration/test_schema_fuzz.py $(PYTEST_ARGS)
 
 # The soak's long form (CI runs a minute of it inside `make test`).
 soak: setup

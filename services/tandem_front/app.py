@@ -22,6 +22,7 @@ from tandem_http import (
     read_body,
     service_app,
 )
+from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import WireFormat, format_of_content_type
 
 from .affinity import request_id_of_body, routing_key
@@ -30,6 +31,7 @@ from .errors import ControlRoutesDisabled, UpstreamError, UpstreamUnavailable
 from .metrics import FrontMetrics
 from .openai_service import OpenAIService, Texts
 from .proxy import Forwarder, OnceStream, upstream_headers
+from .schemas import upstream_body_schemas
 from .settings import SETTINGS_ENV, FrontSettings
 from .trl_compat import HEADER as LOGPROBS_FORMAT_HEADER
 from .trl_compat import TRL_REQUEST_PREFIX, with_token_strings
@@ -38,6 +40,7 @@ from .upstreams import Upstreams
 __all__ = ["create_app", "app_from_env"]
 
 RENDER_ROUTES = ("/v1/chat/completions/render", "/v1/completions/render")
+GENERATE_PATH = "/inference/v1/generate"
 
 
 def create_app(
@@ -84,7 +87,7 @@ def create_app(
     for path in RENDER_ROUTES:
         app.add_api_route(path, render_route, methods=["POST"])
 
-    @app.post("/inference/v1/generate")
+    @app.post(GENERATE_PATH)
     async def generate(request: Request) -> Response:
         # The body is read whole (capped), then sent on byte for byte. tandem_client names the
         # routing key in a header (its repeats carry content ids, not render's hashes); for
@@ -95,10 +98,10 @@ def create_app(
         key = request.headers.get(ROUTE_KEY_HEADER) or routing_key(body, fmt)
         nodes = fwd.upstreams.generate_order(key)
         if not _trl_shape(settings, request, body, fmt):
-            return await fwd.forward(nodes, request, "/inference/v1/generate", body)
+            return await fwd.forward(nodes, request, GENERATE_PATH, body)
         headers = upstream_headers(request, len(body))
         headers["accept"] = "application/json"
-        node, response = await fwd.open(nodes, "POST", "/inference/v1/generate", headers, body)
+        node, response = await fwd.open(nodes, "POST", GENERATE_PATH, headers, body)
         try:
             raw = await response.aread()
         finally:
@@ -171,6 +174,16 @@ def create_app(
     for path, route in CONTROL_ROUTES.items():
         app.add_api_route(path, control_handler(path, route), methods=[route.method])
 
+    async def schemas(request: Request) -> BodySchemas:
+        generate_paths = [
+            GENERATE_PATH,
+            *(p for p, r in CONTROL_ROUTES.items() if r.method == "POST"),
+        ]
+        return await upstream_body_schemas(
+            forwarder(request).upstreams, RENDER_ROUTES, generate_paths
+        )
+
+    install_openapi(app, schemas)
     return app
 
 

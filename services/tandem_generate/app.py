@@ -27,6 +27,7 @@ from tandem_http import (
     service_app,
     wire_response,
 )
+from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import WireFormat, decode_document, decode_generate_request
 from tandem_wire.control import (
     AbortRequestsRequest,
@@ -40,6 +41,7 @@ from .control import EngineControl
 from .engine import Engine
 from .errors import ControlRoutesDisabled, EngineNotReady
 from .metrics import GenerateMetrics
+from .schemas import GENERATE_PATH, body_schemas
 from .serving import GenerateService
 from .settings import GenerateSettings
 
@@ -99,7 +101,7 @@ def create_app(
     def service(request: Request) -> GenerateService:
         return request.app.state.service  # type: ignore[no-any-return]
 
-    @app.post("/inference/v1/generate")
+    @app.post(GENERATE_PATH)
     @admitted(gate)
     async def generate(request: Request) -> Response:
         svc = service(request)
@@ -224,6 +226,10 @@ def create_app(
         # Every worker's values (from their files) in multiprocess mode, else this app's.
         return metrics_response(registry)
 
+    async def schemas(request: Request) -> BodySchemas:
+        return body_schemas()
+
+    install_openapi(app, schemas)
     return app
 
 

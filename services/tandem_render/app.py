@@ -25,6 +25,7 @@ from tandem_http import (
     read_body,
     service_app,
 )
+from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import (
     WIRE_TRANSFORMS_HEADER,
     WireFormat,
@@ -40,6 +41,9 @@ from .settings import SETTINGS_ENV, RenderSettings
 __all__ = ["create_app", "app_from_env"]
 
 log = logging.getLogger(__name__)
+
+CHAT_PATH = "/v1/chat/completions/render"
+COMPLETION_PATH = "/v1/completions/render"
 
 
 def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> FastAPI:
@@ -85,14 +89,14 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         metrics.bytes_out.labels(out_fmt.name.lower()).inc(response.length)
         return response
 
-    @app.post("/v1/chat/completions/render")
+    @app.post(CHAT_PATH)
     @admitted(gate)
     async def render_chat(request: Request) -> Response:
         body, in_fmt, out_fmt, transforms = await request_body(request)
         result = await request.app.state.service.render_chat(body, in_fmt, transforms)
         return respond(result, out_fmt)
 
-    @app.post("/v1/completions/render")
+    @app.post(COMPLETION_PATH)
     @admitted(gate)
     async def render_completion(request: Request) -> Response:
         body, in_fmt, out_fmt, transforms = await request_body(request)
@@ -112,6 +116,12 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         # Every worker's values (from their files) in multiprocess mode, else this app's.
         return metrics_response(registry)
 
+    async def schemas(request: Request) -> BodySchemas:
+        from .vllm_renderer import body_schemas
+
+        return body_schemas(CHAT_PATH, COMPLETION_PATH)
+
+    install_openapi(app, schemas)
     return app
 
 

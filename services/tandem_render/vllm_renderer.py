@@ -31,6 +31,7 @@ from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.utils.async_utils import make_async
 
 from tandem_http import BadRequest, ModelNotFound, PromptTooLong
+from tandem_http.openapi import REF_TEMPLATE, BodySchemas
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_vllm.requests import UpstreamGenerateRequest, generate_request_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
@@ -325,3 +326,14 @@ async def _call(awaitable: Any) -> Any:
             raise PromptTooLong(err.message[:300])
         raise BadRequest(err.message[:300], param=err.param)
     return result
+
+
+def body_schemas(chat_path: str, completion_path: str) -> BodySchemas:
+    """The JSON Schemas of the bodies render takes: vLLM's own chat and completion requests."""
+    template = REF_TEMPLATE.replace("{name}", "{model}")  # pydantic's placeholder
+    return BodySchemas.of_json_schemas(
+        {
+            chat_path: ChatCompletionRequest.model_json_schema(ref_template=template),
+            completion_path: CompletionRequest.model_json_schema(ref_template=template),
+        }
+    )

@@ -21,8 +21,9 @@ def service_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
     api_key: str | Sequence[str] | None,
 ) -> FastAPI:
-    """An app with the API-key check (``/health`` open), request ids and the error handlers;
-    no OpenAPI schema (the routes take wire bodies, not schema'd JSON)."""
+    """An app with the API-key check (``/health`` open), request ids and the error handlers.
+    FastAPI's own schema route is off: its routes read raw wire bodies, so each service serves
+    a document with their schemas filled in (``tandem_http.openapi``)."""
     app = FastAPI(title=title, lifespan=lifespan, openapi_url=None)
     app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=("/health",))
     app.add_middleware(RequestIdMiddleware)

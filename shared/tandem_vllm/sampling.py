@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import msgspec
@@ -17,6 +18,7 @@ __all__ = [
     "TokenIdsOutOfVocabulary",
     "default_max_tokens",
     "sampling_params_from_wire",
+    "sampling_params_schema",
     "sampling_params_to_wire",
 ]
 
@@ -75,6 +77,24 @@ ALLOWED_FIELDS = frozenset(
 IGNORED_FIELDS = frozenset(
     {"output_kind", "skip_clone", "stream_interval", "output_text_buffer_length"}
 )
+
+
+def sampling_params_schema(
+    ref_template: str,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """JSON Schema of the wire's ``sampling_params`` map (the accepted fields with the types
+    ``SamplingParams`` declares), and the definitions it refers to through ``ref_template``."""
+    hints = typing.get_type_hints(SamplingParams)
+    names = sorted(ALLOWED_FIELDS | IGNORED_FIELDS)
+    schemas, components = msgspec.json.schema_components(
+        [hints[n] for n in names], ref_template=ref_template
+    )
+    schema = {
+        "type": "object",
+        "properties": dict(zip(names, schemas, strict=True)),
+        "additionalProperties": False,
+    }
+    return schema, components
 
 
 class MaxTokensDefaults(msgspec.Struct, frozen=True):

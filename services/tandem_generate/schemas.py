@@ -1,0 +1,37 @@
+"""The JSON Schemas of the generate service's request bodies, for its ``/openapi.json``."""
+
+from __future__ import annotations
+
+from tandem_http.openapi import REF_TEMPLATE, BodySchemas
+from tandem_vllm.sampling import sampling_params_schema
+from tandem_wire import GenerateRequest
+from tandem_wire.control import (
+    AbortRequestsRequest,
+    FinishWeightUpdateRequest,
+    InitWeightTransferRequest,
+    UpdateWeightsRequest,
+    UpdateWeightVersionRequest,
+)
+
+__all__ = ["GENERATE_PATH", "body_schemas"]
+
+GENERATE_PATH = "/inference/v1/generate"
+
+
+def body_schemas() -> BodySchemas:
+    """Generate and control bodies; ``sampling_params`` spelled out field by field, as
+    ``SamplingParams`` declares the fields this service accepts."""
+    out = BodySchemas.of_structs(
+        {
+            GENERATE_PATH: GenerateRequest[str | None],
+            "/abort_requests": AbortRequestsRequest,
+            "/init_weight_transfer_engine": InitWeightTransferRequest,
+            "/update_weights": UpdateWeightsRequest,
+            "/finish_weight_update": FinishWeightUpdateRequest,
+            "/update_weight_version": UpdateWeightVersionRequest,
+        }
+    )
+    sampling, defs = sampling_params_schema(REF_TEMPLATE)
+    ref = out.bodies[GENERATE_PATH]["$ref"].rsplit("/", 1)[1]
+    out.components[ref]["properties"]["sampling_params"] = sampling
+    return out.merged(BodySchemas(components=defs))
