@@ -200,6 +200,10 @@ def prepare_chat(body: Any, limits: RequestLimits) -> PreparedChat:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise BadRequest(f"messages[{i}] must be an object", param="messages")
+        if not isinstance(message.get("role"), str):
+            # vLLM's request model also takes harmony Message objects (an "author" instead of
+            # a "role"), which its chat parser then fails on with a TypeError.
+            raise BadRequest(f"messages[{i}].role must be a string", param="messages")
         content = message.get("content")
         if not isinstance(content, list):
             out_messages.append(message)
