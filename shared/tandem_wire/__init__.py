@@ -78,6 +78,7 @@ from .protocol import (
     WeightVersionSpan,
     new_request_id,
 )
+from .safetensors_codec import decode_safetensors, encode_safetensors
 
 __all__ = [
     "ANY_WIRE_TRANSFORM",
@@ -135,12 +136,14 @@ __all__ = [
     "decode_generate_requests",
     "decode_item",
     "decode_item_b64",
+    "decode_safetensors",
     "encode_document",
     "encode_generate_request",
     "encode_generate_request_parts",
     "encode_generate_requests",
     "encode_item",
     "encode_item_b64",
+    "encode_safetensors",
     "control",
     "error_types",
     "format_for_accept",
