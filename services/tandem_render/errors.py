@@ -15,6 +15,7 @@ __all__ = [
     "MediaNotFound",
     "InvalidImage",
     "ImageTooLarge",
+    "InvalidEmbeds",
 ]
 
 
@@ -76,3 +77,10 @@ class ImageTooLarge(MediaError):
 
     status_code = 413
     type = error_types.IMAGE_TOO_LARGE
+
+
+class InvalidEmbeds(RenderError):
+    """An ``image_embeds`` content part whose tensors do not fit the model: names, dtype, hidden
+    size, rows against the grid, or a grid the model's merge size cannot take."""
+
+    type = error_types.INVALID_MM_EMBEDS

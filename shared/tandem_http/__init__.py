@@ -6,6 +6,7 @@ from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_respon
 from .draining import DRAINING_HEADER, Drain, DrainingConfig, DrainingServer
 from .errors import (
     BadRequest,
+    MmEmbedsDisabled,
     ModelNotFound,
     Overloaded,
     PromptTooLong,
@@ -40,6 +41,7 @@ __all__ = [
     "AdmissionGate",
     "ApiKeyMiddleware",
     "BadRequest",
+    "MmEmbedsDisabled",
     "BodyTooLarge",
     "Drain",
     "DrainingConfig",

@@ -33,6 +33,7 @@ from .request_id import REQUEST_ID_HEADER, request_id_of
 
 __all__ = [
     "BadRequest",
+    "MmEmbedsDisabled",
     "ModelNotFound",
     "Overloaded",
     "PromptTooLong",
@@ -73,6 +74,13 @@ class TooManyItems(TandemHTTPError):
     """More images/videos in one prompt than the configured limit."""
 
     type = error_types.TOO_MANY_ITEMS
+
+
+class MmEmbedsDisabled(TandemHTTPError):
+    """Precomputed embeddings sent to a server started without ``--enable-mm-embeds`` (on
+    render, an ``image_embeds`` content part; on generate, an item carrying embeddings)."""
+
+    type = error_types.MM_EMBEDS_DISABLED
 
 
 class Overloaded(TandemHTTPError):

@@ -39,6 +39,9 @@ TOKEN_OUT_OF_VOCABULARY = "token_out_of_vocabulary"
 """400: a token id outside the model's vocabulary."""
 TOO_MANY_ITEMS = "too_many_items"
 """400: more images/videos in one prompt than the configured limit."""
+MM_EMBEDS_DISABLED = "mm_embeds_disabled"
+"""400: precomputed embeddings (an ``image_embeds`` content part on render, an embedding item on
+generate) sent to a server started without ``--enable-mm-embeds``."""
 
 # Wire decoding (tandem_wire.WireError); a few also use INVALID_REQUEST / PAYLOAD_TOO_LARGE.
 MALFORMED_BODY = "malformed_body"
@@ -78,6 +81,9 @@ INVALID_IMAGE = "invalid_image"
 """400: the bytes are not a decodable image."""
 IMAGE_TOO_LARGE = "image_too_large"
 """413: the image has more pixels than allowed."""
+INVALID_MM_EMBEDS = "invalid_mm_embeds"
+"""400: an ``image_embeds`` content part whose tensors do not fit the model (names, dtype,
+hidden size, rows against the grid, grid against the merge size)."""
 
 # Generate.
 MM_CACHE_MISS = "mm_cache_miss"

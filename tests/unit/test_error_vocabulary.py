@@ -42,6 +42,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     http.PromptTooLong: tc.BadRequestError,
     http.TokenOutOfVocabulary: tc.BadRequestError,
     http.TooManyItems: tc.BadRequestError,
+    http.MmEmbedsDisabled: tc.BadRequestError,
     http.Overloaded: tc.OverloadedError,
     # render
     render.MediaError: tc.MediaError,
@@ -52,6 +53,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     render.MediaNotFound: tc.MediaError,
     render.InvalidImage: tc.MediaError,
     render.ImageTooLarge: tc.PayloadTooLargeError,
+    render.InvalidEmbeds: tc.BadRequestError,
     # generate
     gen.CacheMiss: tc.CacheMissError,
     gen.InvalidPlaceholders: tc.BadRequestError,
