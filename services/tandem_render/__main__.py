@@ -127,6 +127,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         help="keep freed memory and fault in the cache budgets at start-up (default: on)",
     )
     p.add_argument(
+        "--enable-mm-embeds",
+        action="store_true",
+        default=None,
+        help="accept precomputed image embeddings (`image_embeds` content parts as "
+        "safetensors; vLLM's option of the same name); start generate with it too",
+    )
+    p.add_argument(
         "--mm-processor-kwargs-allowlist",
         nargs="*",
         help="keys a request may set in `mm_processor_kwargs` (default: "

@@ -12,6 +12,8 @@ from vllm import envs
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 from vllm.multimodal.media.connector import global_thread_pool
 
+from tandem_vllm.items import numpy_to_tensor
+
 from .caches import DecodedCache
 from .errors import InvalidImage, MediaError, MediaSchemeNotAllowed, MediaTooLarge
 from .prepare import MEDIA_URL_PREFIX
@@ -103,6 +105,16 @@ def _lookup(url: str) -> tuple[bytes, DecodedCache | None]:
     return data, call.decoded
 
 
+def _lookup_embeds(token: str) -> Any:
+    # Only tensors the request's embedding parts were decoded and checked into (prepare.py);
+    # vLLM's own fetch would base64-decode and torch.load() whatever string it is handed.
+    call = current()
+    tensor = call.embeds.get(token) if call is not None else None
+    if tensor is None:
+        raise MediaSchemeNotAllowed("embeddings must come from a supported content part")
+    return numpy_to_tensor(tensor)
+
+
 def decode_media(media_io: Any, data: bytes, decoded: DecodedCache | None = None) -> Any:
     """vLLM's decode of ``data`` (what it hashes and processes), through the cache if given."""
     key = None
@@ -135,6 +147,25 @@ class PrefetchedMediaConnector(MediaConnector):
             return decode_media(media_io, data, decoded)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(global_thread_pool, decode_media, media_io, data, decoded)
+
+    # Every embedding fetch serves only the request's checked tensors (none of them loads).
+    def fetch_image_embedding(self, data: str) -> Any:
+        return _lookup_embeds(data)
+
+    async def fetch_image_embedding_async(self, data: str) -> Any:
+        return _lookup_embeds(data)
+
+    def fetch_audio_embedding(self, data: str) -> Any:
+        return _lookup_embeds(data)
+
+    async def fetch_audio_embedding_async(self, data: str) -> Any:
+        return _lookup_embeds(data)
+
+    def fetch_video_embedding(self, data: str) -> Any:
+        return _lookup_embeds(data)
+
+    async def fetch_video_embedding_async(self, data: str) -> Any:
+        return _lookup_embeds(data)
 
 
 def register_connector(*, inline: bool = False) -> None:

@@ -7,14 +7,25 @@ megabyte data URL through pydantic.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem_http import BadRequest, PromptTooLong, TokenOutOfVocabulary, TooManyItems
+import numpy as np
+
+from tandem_http import (
+    BadRequest,
+    MmEmbedsDisabled,
+    PromptTooLong,
+    TokenOutOfVocabulary,
+    TooManyItems,
+)
+
+from .embeds import EmbedsSpec, decode_embeds_part
 
 __all__ = [
     "MEDIA_URL_PREFIX",
+    "EmbedsRef",
     "MediaRef",
     "PreparedChat",
     "PreparedCompletion",
@@ -27,11 +38,13 @@ __all__ = [
 MEDIA_URL_PREFIX = "tandem-media:"
 """The URL scheme of the tokens that replace media parts; they name prefetched bytes."""
 
-# Content parts passed through untouched. Everything else is refused: e.g. "image_embeds"
-# would make vLLM torch.load() caller bytes, and "image_pil" is for in-process callers only.
+# Content parts passed through untouched. Everything else is refused: e.g. "image_pil" is for
+# in-process callers only. Embedding parts are decoded here (safetensors; vLLM's own reader
+# would torch.load() caller bytes) and reach vLLM only as tokens naming checked tensors.
 _TEXT_PARTS = frozenset({"text", "input_text", "refusal", "thinking"})
 _MEDIA_PARTS = {"image_url": "image", "video_url": "video", "image": "image", "video": "video"}
 _BYTES_PARTS = {"image_bytes": "image", "video_bytes": "video"}
+_EMBEDS_PARTS = {"image_embeds": "image"}
 
 
 _FPS_BOUND = 240
@@ -51,6 +64,9 @@ class ProcessorFacts:
     max_frames: int | None = None
     """The video processor's most sampled frames."""
 
+    embeds: Mapping[str, EmbedsSpec] = field(default_factory=dict)
+    """By modality: how the model takes precomputed embeddings (empty: it takes none here)."""
+
 
 @dataclass(frozen=True)
 class RequestLimits:
@@ -66,6 +82,10 @@ class RequestLimits:
     pixels_per_token: int | None = None
     """From the processor: lets ``min_pixels`` be checked against the context before work."""
     max_model_len: int | None = None
+    embeds_enabled: bool = False
+    """Whether embedding content parts are accepted at all (``--enable-mm-embeds``)."""
+    embeds: Mapping[str, EmbedsSpec] = field(default_factory=dict)
+    """By modality, what an embedding part must look like for this model."""
 
     @classmethod
     def build(
@@ -79,6 +99,7 @@ class RequestLimits:
         max_kwargs_pixels: int | None = None,
         max_kwargs_frames: int | None = None,
         max_image_pixels: int,
+        enable_mm_embeds: bool = False,
     ) -> RequestLimits:
         """Operator bounds where given, else the model's own: a request can ask for less work
         than the model's defaults, never more."""
@@ -91,6 +112,8 @@ class RequestLimits:
             max_kwargs_frames=max_kwargs_frames or facts.max_frames or 768,
             pixels_per_token=facts.pixels_per_token,
             max_model_len=max_model_len,
+            embeds_enabled=enable_mm_embeds,
+            embeds=facts.embeds,
         )
 
 
@@ -104,10 +127,28 @@ class MediaRef:
     data: bytes | None = None
 
 
+@dataclass(frozen=True)
+class EmbedsRef:
+    """One embedding part: its checked tensors and the token prefix that names them."""
+
+    token: str
+    modality: str
+    tensors: Mapping[str, np.ndarray]
+
+    def urls(self) -> dict[str, str]:
+        """Tensor name -> the token vLLM's embedding fetch is handed for it."""
+        return {name: f"{self.token}/{name}" for name in self.tensors}
+
+
 @dataclass
 class PreparedChat:
     body: dict[str, Any]
     media: list[MediaRef] = field(default_factory=list)
+    embeds: list[EmbedsRef] = field(default_factory=list)
+
+    def embed_tensors(self) -> dict[str, np.ndarray]:
+        """Token -> tensor, for every embedding part (what vLLM's embedding fetch may serve)."""
+        return {ref.urls()[k]: t for ref in self.embeds for k, t in ref.tensors.items()}
 
 
 @dataclass
@@ -128,7 +169,7 @@ def _media_ref(counter: list[int], modality: str, source: Any, where: str) -> Me
     return MediaRef(token, modality, url=source)
 
 
-def _check_counts(refs: list[MediaRef], limits: RequestLimits) -> None:
+def _check_counts(refs: Sequence[MediaRef | EmbedsRef], limits: RequestLimits) -> None:
     images = sum(r.modality == "image" for r in refs)
     videos = sum(r.modality == "video" for r in refs)
     if images > limits.max_images:
@@ -196,6 +237,7 @@ def prepare_chat(body: Any, limits: RequestLimits) -> PreparedChat:
         raise BadRequest("messages must be a non-empty list", param="messages")
     counter = [0]
     refs: list[MediaRef] = []
+    embeds: list[EmbedsRef] = []
     out_messages = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -211,14 +253,26 @@ def prepare_chat(body: Any, limits: RequestLimits) -> PreparedChat:
         parts = []
         for j, part in enumerate(content):
             where = f"messages[{i}].content[{j}]"
-            parts.append(_screen_part(part, where, counter, refs))
+            parts.append(_screen_part(part, where, counter, refs, embeds, limits))
         out_messages.append({**message, "content": parts})
-    _check_counts(refs, limits)
+    _check_counts([*refs, *embeds], limits)
+    mixed = {r.modality for r in refs} & {e.modality for e in embeds}
+    if mixed:
+        kind = sorted(mixed)[0]
+        # vLLM's chat parser refuses it too; said here, with the part names.
+        raise BadRequest(f"{kind} media and {kind}_embeds parts cannot be mixed in one request")
     _check_implied_grid(body, sum(r.modality == "image" for r in refs), limits)
-    return PreparedChat(body={**body, "messages": out_messages}, media=refs)
+    return PreparedChat(body={**body, "messages": out_messages}, media=refs, embeds=embeds)
 
 
-def _screen_part(part: Any, where: str, counter: list[int], refs: list[MediaRef]) -> Any:
+def _screen_part(
+    part: Any,
+    where: str,
+    counter: list[int],
+    refs: list[MediaRef],
+    embeds: list[EmbedsRef],
+    limits: RequestLimits,
+) -> Any:
     if isinstance(part, str):
         return part
     if not isinstance(part, dict):
@@ -232,6 +286,8 @@ def _screen_part(part: Any, where: str, counter: list[int], refs: list[MediaRef]
         # A caller-chosen uuid replaces vLLM's content hash: cache entries of one caller
         # would be served to another. Identity always comes from the bytes here.
         raise BadRequest(f"{where}: caller-provided media uuids are not accepted")
+    if kind in _EMBEDS_PARTS:
+        return _embeds_part(part, kind, where, counter, embeds, limits)
     if kind in _MEDIA_PARTS:
         modality = _MEDIA_PARTS[kind]
         ref = _media_ref(counter, modality, part.get(kind), where)
@@ -246,6 +302,32 @@ def _screen_part(part: Any, where: str, counter: list[int], refs: list[MediaRef]
     refs.append(ref)
     url_key = "image_url" if modality == "image" else "video_url"
     return {"type": url_key, url_key: {"url": ref.token}}
+
+
+def _embeds_part(
+    part: dict[str, Any],
+    kind: str,
+    where: str,
+    counter: list[int],
+    embeds: list[EmbedsRef],
+    limits: RequestLimits,
+) -> dict[str, Any]:
+    modality = _EMBEDS_PARTS[kind]
+    if not limits.embeds_enabled:
+        raise MmEmbedsDisabled(
+            f"{where}: {kind} parts need a server started with --enable-mm-embeds",
+            param="messages",
+        )
+    spec = limits.embeds.get(modality)
+    if spec is None:
+        raise BadRequest(f"{where}: this model takes no {kind} here", param="messages")
+    tensors = decode_embeds_part(part.get(kind), spec, where)
+    ref = EmbedsRef(f"{MEDIA_URL_PREFIX}{counter[0]}", modality, tensors)
+    counter[0] += 1
+    embeds.append(ref)
+    # vLLM's dict form: each string is fetched through the media connector, which serves
+    # exactly these tokens (media_connector.PrefetchedMediaConnector).
+    return {"type": kind, kind: ref.urls()}
 
 
 def prepare_completion(body: Any, limits: RequestLimits, vocab_size: int) -> PreparedCompletion:

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .caches import DecodedCache
 
 __all__ = ["RenderCall", "bound", "current"]
@@ -33,6 +35,9 @@ class RenderCall:
 
     media: Mapping[str, bytes] = field(default_factory=dict)
     """Token URL -> vetted bytes: all the media connector may serve (anything else is refused)."""
+
+    embeds: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """Token -> checked embedding tensor: all vLLM's embedding fetch may serve."""
 
     decoded: DecodedCache | None = None
     """Where the connector keeps decoded media across requests, if anywhere."""

@@ -30,7 +30,13 @@ class Renderer(Protocol):
     processor_facts: ProcessorFacts
 
     async def render_chat(
-        self, body: dict[str, Any], media: Mapping[str, bytes], encode: Any, decoded: Any
+        self,
+        body: dict[str, Any],
+        media: Mapping[str, bytes],
+        encode: Any,
+        decoded: Any,
+        *,
+        embeds: Mapping[str, Any] | None = None,
     ) -> GenerateRequest[bytes | None]: ...
 
     async def render_completion(
@@ -72,6 +78,7 @@ class RenderService:
             max_kwargs_pixels=settings.max_kwargs_pixels,
             max_kwargs_frames=settings.max_kwargs_frames,
             max_image_pixels=settings.max_image_pixels,
+            enable_mm_embeds=settings.enable_mm_embeds,
         )
         self.items = ItemCache(settings.item_cache_bytes, len)
         self.decoded = renderer.new_decoded_cache(settings.decoded_cache_bytes)
@@ -94,8 +101,10 @@ class RenderService:
             body = decode_document(raw, Any, fmt)
             prepared = prepare_chat(body, self.limits)
             media = await self._load_all(prepared.media)
+            embeds = prepared.embed_tensors()
+            self.metrics.media_bytes.inc(sum(int(t.nbytes) for t in embeds.values()))
             result = await self.renderer.render_chat(
-                prepared.body, media, self._encoder(names), self.decoded
+                prepared.body, media, self._encoder(names), self.decoded, embeds=embeds
             )
             self._remember(key, result, body, prepared.media)
             return result

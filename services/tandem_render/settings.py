@@ -94,6 +94,11 @@ class RenderSettings:
     filling the caches does not make first-seen requests pay for fresh pages (measured:
     ~3 ms of CPU per first-seen image on our VMs)."""
 
+    enable_mm_embeds: bool = False
+    """Accept precomputed embeddings (``image_embeds`` content parts, safetensors) for models
+    that take them (vLLM's option of the same name); refused with ``mm_embeds_disabled``
+    otherwise. Generate needs it too."""
+
     mm_processor_kwargs_allowlist: tuple[str, ...] = DEFAULT_MM_KWARGS_ALLOWLIST
     """Keys a request may set in ``mm_processor_kwargs``."""
 

@@ -11,6 +11,7 @@ import re
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -38,6 +39,7 @@ from tandem_vllm.upstream_names import check_upstream_names
 from tandem_vllm.wire_transforms import wire_transforms_for
 from tandem_wire import GenerateRequest, TandemHTTPError
 
+from .embeds import EmbedsSpec
 from .inline import InlineExecutor
 from .media_connector import (
     DecodedCache,
@@ -120,6 +122,9 @@ class EngineRenderer:
                 "video": settings.max_videos_per_prompt,
             },
             mm_processor_cache_gb=settings.mm_processor_cache_gb,
+            # vLLM's own gate for embedding inputs stays open: ours is in prepare.py
+            # (--enable-mm-embeds), which alone lets an embedding part reach vLLM, checked.
+            enable_mm_embeds=True,
             enforce_eager=True,
         )
         model_config = engine_args.create_model_config()
@@ -151,7 +156,7 @@ class EngineRenderer:
         self.max_model_len: int = model_config.max_model_len
         self.vocab_size: int = len(self.online.renderer.get_tokenizer())
         self.is_multimodal: bool = bool(model_config.is_multimodal_model)
-        self.processor_facts = _processor_facts(renderer.mm_processor)
+        self.processor_facts = _processor_facts(renderer.mm_processor, model_config)
         mm_processor = renderer.mm_processor
         self.wire_transforms = wire_transforms_for(
             mm_processor.info.get_hf_processor() if mm_processor is not None else None
@@ -192,9 +197,12 @@ class EngineRenderer:
         media: Mapping[str, bytes],
         encode: ItemEncoder,
         decoded: DecodedCache | None = None,
+        *,
+        embeds: Mapping[str, np.ndarray] | None = None,
     ) -> GenerateRequest[bytes | None]:
+        """``embeds``: token -> tensor of the request's checked embedding parts (prepare.py)."""
         request = _validate(ChatCompletionRequest, body)
-        call = RenderCall(media=media, decoded=decoded)
+        call = RenderCall(media=media, embeds=embeds or {}, decoded=decoded)
         result = await _in_call(call, self.serving.render_chat_request(request))
         return self._to_wire(result, call.captured[0], encode)
 
@@ -236,8 +244,9 @@ def _client_error(message: str) -> TandemHTTPError:
     return BadRequest(message)
 
 
-def _processor_facts(mm_processor: Any) -> ProcessorFacts:
-    """The resize bounds of the model's HF image and video processors, where they state them."""
+def _processor_facts(mm_processor: Any, model_config: Any) -> ProcessorFacts:
+    """The resize bounds of the model's HF image and video processors, where they state them,
+    and how it takes precomputed image embeddings."""
     if mm_processor is None:
         return ProcessorFacts()
     hf = mm_processor.info.get_hf_processor()
@@ -254,7 +263,27 @@ def _processor_facts(mm_processor: Any) -> ProcessorFacts:
         max_pixels=max_pixels if is_pixel_count else None,
         pixels_per_token=per_token,
         max_frames=frames if isinstance(frames, int) else None,
+        embeds=_embeds_specs(mm_processor, model_config, merge),
     )
+
+
+def _embeds_specs(mm_processor: Any, model_config: Any, merge: Any) -> dict[str, EmbedsSpec]:
+    """How the model takes image embeddings, from its vLLM data parser's declared embedding
+    fields: one values tensor and one ``*_grid_thw`` (the Qwen-VL family). Other layouts are
+    not taken here (no entry: their parts are refused)."""
+    fields = mm_processor.info.data_parser.embedding_fields.get("image", {})
+    values = [k for k, role in fields.items() if role == "values"]
+    grids = [k for k, role in fields.items() if role == "metadata" and k.endswith("grid_thw")]
+    if len(values) != 1 or len(grids) != 1 or len(fields) != 2 or not isinstance(merge, int):
+        return {}
+    spec = EmbedsSpec(
+        values_key=values[0],
+        grid_key=grids[0],
+        hidden_size=int(model_config.get_inputs_embeds_size()),
+        merge_size=merge,
+        max_rows=int(model_config.max_model_len),
+    )
+    return {"image": spec}
 
 
 def _run_inline(renderer: Any) -> None:
