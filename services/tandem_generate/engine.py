@@ -11,6 +11,7 @@ import asyncio
 import copy
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from tandem_vllm.wire_transforms import wire_transforms_for
 from tandem_wire import PlaceholderRange
 
 from .errors import EngineNotReady
-from .model_spec import ModelSpec, modality_spec
+from .model_spec import ModalitySpec, ModelSpec, grid_cells, modality_spec
 from .vllm_plugin import PLUGIN_NAME
 from .weight_files import BACKEND
 
@@ -73,6 +74,9 @@ class Engine:
         self.mm_limits: dict[str, int] = (
             {m: mm.get_limit_per_prompt(m) for m in self.spec.modalities} if mm else {}
         )
+        # vLLM's --enable-mm-embeds: items carrying precomputed embeddings are taken (checked
+        # against self.spec.embeds) only when the operator asked for them, as upstream does.
+        self.accepts_mm_embeds: bool = bool(mm is not None and mm.enable_mm_embeds)
 
     def generate(
         self,
@@ -201,9 +205,10 @@ def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:
     return args
 
 
-def process_one(proc: Any, modality: str, sample: Any) -> Any:
+def process_one(proc: Any, modality: str, sample: Any, *, embeds: bool = False) -> Any:
     """vLLM's processor output for a one-item chat prompt (``proc``: from
-    ``MULTIMODAL_REGISTRY.create_processor``)."""
+    ``MULTIMODAL_REGISTRY.create_processor``); ``embeds``: ``sample`` is a dict of embedding
+    tensors (parsed whatever ``enable_mm_embeds`` says: the service gates those items)."""
     from vllm.multimodal.processing import ProcessorInputs, TimingContext
 
     tok = proc.info.get_tokenizer()
@@ -212,10 +217,11 @@ def process_one(proc: Any, modality: str, sample: Any) -> Any:
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
     )
     ids = tok.encode(str(text), add_special_tokens=False)
-    return proc.apply(
-        ProcessorInputs(ids, proc.info.parse_mm_data({modality: [sample]})),
-        TimingContext(enabled=False),
-    )
+    if embeds:
+        data = proc.info.parse_mm_data({modality: sample}, validate=False)
+    else:
+        data = proc.info.parse_mm_data({modality: [sample]})
+    return proc.apply(ProcessorInputs(ids, data), TimingContext(enabled=False))
 
 
 def probe_model(model_config: Any) -> ModelSpec:
@@ -235,10 +241,48 @@ def probe_model(model_config: Any) -> ModelSpec:
         except Exception as exc:  # a modality the model does not take
             log.info("model takes no %s input (%s)", modality, type(exc).__name__)
             continue
-        processed = out["mm_kwargs"][modality][0]
-        if processed is None:  # a processor-cache placeholder; the probe never asks the cache
-            raise RuntimeError(f"the {modality} probe returned no item")
-        item = item_from_vllm(processed)
-        ranges = [placeholder_from_vllm(p) for p in out["mm_placeholders"][modality]]
-        spec.modalities[modality] = modality_spec(item, list(out["prompt_token_ids"]), ranges)
+        item, mspec = _probed_spec(out, modality)
+        spec.modalities[modality] = mspec
+        if modality in _EMBEDS_MODALITIES:
+            embeds = _probe_embeds(proc, model_config, modality, item, mspec)
+            if embeds is not None:
+                spec.embeds[modality] = embeds
     return spec
+
+
+_EMBEDS_MODALITIES = ("image",)
+"""Modalities whose precomputed embeddings generate takes (render sends image_embeds only)."""
+
+
+def _probed_spec(out: Any, modality: str) -> tuple[Any, ModalitySpec]:
+    processed = out["mm_kwargs"][modality][0]
+    if processed is None:  # a processor-cache placeholder; the probe never asks the cache
+        raise RuntimeError(f"the {modality} probe returned no item")
+    item = item_from_vllm(processed)
+    ranges = [placeholder_from_vllm(p) for p in out["mm_placeholders"][modality]]
+    return item, modality_spec(item, list(out["prompt_token_ids"]), ranges)
+
+
+def _probe_embeds(
+    proc: Any, model_config: Any, modality: str, pixel_item: Any, pixel_spec: ModalitySpec
+) -> ModalitySpec | None:
+    """The item vLLM's processor makes of precomputed embeddings for the probe's own grid (the
+    Qwen-VL layout: one values tensor of the model's input embedding size and the item's
+    ``*_grid_thw``); None when the model declares no such embedding input."""
+    import torch
+
+    fields = proc.info.data_parser.embedding_fields.get(modality, {})
+    values = [k for k, role in fields.items() if role == "values"]
+    grid_key = pixel_spec.grid_key
+    per_token = pixel_spec.grid_cells_per_token
+    if len(values) != 1 or set(fields) != {values[0], grid_key} or not per_token:
+        return None
+    grid = np.asarray(pixel_item[grid_key].data).reshape(1, -1)
+    rows = grid_cells(grid) // per_token
+    hidden = model_config.get_inputs_embeds_size()
+    sample = {
+        values[0]: torch.zeros(rows, hidden, dtype=model_config.dtype),
+        grid_key: torch.from_numpy(grid.astype(np.int64)),
+    }
+    _, spec = _probed_spec(process_one(proc, modality, sample, embeds=True), modality)
+    return replace(spec, embeds_key=values[0])

@@ -8,12 +8,14 @@ nobody can poison another request's caches or be served pixels they did not send
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from tandem_http import TokenOutOfVocabulary, TooManyItems
+from tandem_http import MmEmbedsDisabled, TokenOutOfVocabulary, TooManyItems
 from tandem_vllm.items import item_to_vllm
 from tandem_vllm.wire_transforms import TransformMismatch
 from tandem_wire import (
@@ -32,7 +34,11 @@ from .errors import CacheMiss, InvalidItem, InvalidPlaceholders
 from .item_store import ItemStore, StoredItem
 from .model_spec import ModalitySpec, ModelSpec, grid_cells, layout_kind
 
-__all__ = ["EngineInputs", "InputBuilder"]
+__all__ = ["EMBED_DTYPES", "EngineInputs", "InputBuilder"]
+
+EMBED_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+"""What precomputed embeddings may arrive in; cast here to the model's dtype (the one cast
+vLLM's model makes of them itself, e.g. Qwen2-VL's ``image_embeds.type(visual.dtype)``)."""
 
 
 @dataclass
@@ -56,6 +62,7 @@ class InputBuilder:
         max_items: int,
         limits: DecodeLimits,
         mm_limits: dict[str, int] | None = None,
+        accept_embeds: bool = False,
     ) -> None:
         self.spec = spec
         self.store = store
@@ -63,6 +70,8 @@ class InputBuilder:
         self.max_items = max_items
         self.limits = limits
         self.mm_limits = mm_limits or {}
+        self.accept_embeds = accept_embeds
+        """The engine's ``enable_mm_embeds``: items carrying embeddings are refused without."""
 
     def build(
         self, req: GenerateRequest[ItemBytes | None], tenant: str, principal: str = ""
@@ -86,8 +95,7 @@ class InputBuilder:
             raise TooManyItems(f"{n_items} items in one prompt; the limit is {self.max_items}")
         missing: dict[str, list[str]] = {}
         for modality, hashes in feats.mm_hashes.items():
-            mspec = self.spec.modalities.get(modality)
-            if mspec is None:
+            if modality not in self.spec.modalities:
                 raise InvalidItem(f"this model takes no {modality[:32]!r} input")
             limit = self.mm_limits.get(modality)
             if limit is not None and len(hashes) > limit:
@@ -106,7 +114,7 @@ class InputBuilder:
                         missing.setdefault(modality, []).append(mm_hash)
                         continue
                 else:
-                    stored = self._decode(entry, mspec, tenant, modality)
+                    stored = self._decode(entry, tenant, modality)
                     self.store.put(scope, stored)
                 stored_items.append(stored)
             if modality in missing:
@@ -114,7 +122,7 @@ class InputBuilder:
             out.items[modality] = [s.item for s in stored_items]
             out.hashes[modality] = [s.content_id for s in stored_items]
             out.placeholders[modality] = [
-                self._check_range(ids, p, s.wire, mspec, modality)
+                self._check_range(ids, p, s.wire, self._spec_of(s.wire, modality), modality)
                 for p, s in zip(feats.mm_placeholders[modality], stored_items, strict=True)
             ]
         if missing:
@@ -125,16 +133,14 @@ class InputBuilder:
             )
         return out
 
-    def _decode(
-        self, entry: ItemBytes, spec: ModalitySpec, tenant: str, modality: str
-    ) -> StoredItem:
+    def _decode(self, entry: ItemBytes, tenant: str, modality: str) -> StoredItem:
         wire = decode_item(entry, self.limits)
         try:
             # Undone first: the rebuilt tensors face the same checks as any item's.
             wire, rebuilt = self.spec.wire_transforms.decode_item(wire)
         except TransformMismatch as exc:
             raise InvalidItem(f"{modality} item: {exc}") from None
-        wire = rebind(wire, spec, modality)
+        wire = rebind(wire, self._spec_of(wire, modality), modality)
         data = memoryview(entry)
         return StoredItem(
             # Of the bytes as sent, transform declaration included: what the sender names.
@@ -143,6 +149,20 @@ class InputBuilder:
             wire=wire,
             nbytes=data.nbytes + rebuilt,
         )
+
+    def _spec_of(self, wire: KwargsItem, modality: str) -> ModalitySpec:
+        """The spec an item is checked against: its modality's embedding form when it carries
+        that form's embeddings key (refused unless the engine takes embeddings), else pixels."""
+        embeds = self.spec.embeds.get(modality)
+        if embeds is not None and embeds.embeds_key in wire:
+            if not self.accept_embeds:
+                raise MmEmbedsDisabled(
+                    f"{modality} items carrying {embeds.embeds_key} need a generate server "
+                    "started with --enable-mm-embeds",
+                    param=f"features.kwargs_data.{modality}",
+                )
+            return embeds
+        return self.spec.modalities[modality]
 
     def _check_range(
         self,
@@ -196,11 +216,14 @@ def rebind(wire: KwargsItem, spec: ModalitySpec, modality: str) -> KwargsItem:
         if not isinstance(grid, np.ndarray) or grid.size == 0 or (grid <= 0).any():
             raise InvalidItem(f"{modality} item grid is malformed")
         cells = grid_cells(grid)
+        _check_merge(grid, spec, modality)
     out: KwargsItem = dict(wire)  # non-tensor fields pass as they are
     for key, fspec in spec.fields.items():
         data = wire[key].data
         if not isinstance(data, np.ndarray):
             raise InvalidItem(f"{modality}.{key} must be a tensor")
+        if key == spec.embeds_key and data.dtype != fspec.dtype and data.dtype in EMBED_DTYPES:
+            data = data.astype(fspec.dtype)
         if data.dtype != fspec.dtype or data.ndim != len(fspec.shape):
             raise InvalidItem(
                 f"{modality}.{key} is {data.dtype}{list(data.shape)}; this model takes "
@@ -212,10 +235,10 @@ def rebind(wire: KwargsItem, spec: ModalitySpec, modality: str) -> KwargsItem:
             d = fspec.flat_dim
             if data.shape[:d] + data.shape[d + 1 :] != fspec.shape[:d] + fspec.shape[d + 1 :]:
                 raise InvalidItem(f"{modality}.{key} has shape {list(data.shape)}")
-            if (
-                fspec.rows_per_cell
-                and cells is not None
-                and data.shape[d] != cells * fspec.rows_per_cell
+            rows = data.shape[d]
+            if cells is not None and (
+                (fspec.rows_per_cell and rows != cells * fspec.rows_per_cell)
+                or (fspec.cells_per_row and rows * fspec.cells_per_row != cells)
             ):
                 raise InvalidItem(f"{modality}.{key} size disagrees with the item's grid")
             layout: Any = FlatLayout(
@@ -233,3 +256,19 @@ def rebind(wire: KwargsItem, spec: ModalitySpec, modality: str) -> KwargsItem:
 
 def _layout_kwargs(layout: Any) -> dict[str, Any]:
     return {name: getattr(layout, name) for name in layout.__slots__}
+
+
+def _check_merge(grid: np.ndarray, spec: ModalitySpec, modality: str) -> None:
+    """A (t, h, w) grid whose h and w the model's spatial merge divides: the engine lays out
+    M-RoPE positions and merges patches in ``merge x merge`` blocks, and a grid it cannot
+    divide would take it down instead of being refused."""
+    per_token = spec.grid_cells_per_token
+    merge = math.isqrt(per_token) if per_token else 0
+    if merge < 2 or merge * merge != per_token or grid.size != 3:
+        return
+    _, h, w = (int(x) for x in grid.reshape(3))
+    if h % merge or w % merge:
+        raise InvalidItem(
+            f"{modality} item grid {[int(x) for x in grid.reshape(3)]}: h and w must be "
+            f"multiples of the merge size {merge}"
+        )

@@ -31,6 +31,8 @@ class FieldSpec:
     flat_dim: int = 0
     rows_per_cell: int | None = None
     """For a flat field of a grid model: rows along ``flat_dim`` per grid cell (patches)."""
+    cells_per_row: int | None = None
+    """For a flat field of a grid model: grid cells per row (embeddings: one row per token)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class ModalitySpec:
     """A ``*_grid_thw``-style key whose product over ``tokens_per_grid_cell`` is the number of
     embedding tokens (Qwen-VL family); None when the model has no such key."""
     grid_cells_per_token: int | None = None
+    embeds_key: str | None = None
+    """For the embedding form of a modality: the key holding the embeddings, which may arrive
+    in any float dtype the engine casts from (``EMBED_DTYPES``) and is cast to the model's."""
 
 
 @dataclass
@@ -55,6 +60,9 @@ class ModelSpec:
     modalities: dict[str, ModalitySpec] = field(default_factory=dict)
     wire_transforms: WireTransforms = field(default_factory=WireTransforms)
     """The wire transforms this model's processor has (undone before items are checked)."""
+    embeds: dict[str, ModalitySpec] = field(default_factory=dict)
+    """Per modality, items carrying precomputed embeddings instead of pixels (vLLM's
+    ``enable_mm_embeds`` path: the engine skips the vision tower for them)."""
 
     def max_request_bytes(self, max_model_len: int, max_items: int) -> int:
         """The largest generate request this model can take, as JSON (base64 items).
@@ -65,18 +73,20 @@ class ModelSpec:
         """
         tokens = max_model_len * 12  # "123456, " per token id, JSON
         items = 0
-        for spec in self.modalities.values():
+        for spec in [*self.modalities.values(), *self.embeds.values()]:
             per_token = spec.grid_cells_per_token or 1
-            grown, fixed = 0, 0
-            for f in spec.fields.values():
-                row = f.dtype.itemsize * math.prod(
-                    n for i, n in enumerate(f.shape) if i != f.flat_dim
-                )
+            grown, fixed = 0.0, 0
+            for key, f in spec.fields.items():
+                itemsize = max(f.dtype.itemsize, 4) if key == spec.embeds_key else f.dtype.itemsize
+                row = itemsize * math.prod(n for i, n in enumerate(f.shape) if i != f.flat_dim)
                 if f.rows_per_cell:
                     grown += row * f.rows_per_cell
+                elif f.cells_per_row:
+                    grown += row / f.cells_per_row
                 else:
                     fixed += row * (f.shape[f.flat_dim] if f.shape else 1)
-            items = max(items, max_model_len * per_token * grown + max_items * (fixed + 4096))
+            total = int(max_model_len * per_token * grown) + max_items * (fixed + 4096)
+            items = max(items, total)
         return tokens + items * 4 // 3 + (1 << 20)  # base64, and a MiB for everything else
 
 
@@ -122,6 +132,8 @@ def modality_spec(
             rows = f.shape[f.flat_dim] if f.kind is FlatLayout and f.shape else 0
             if rows and rows % cells == 0:
                 fields[key] = replace(f, rows_per_cell=rows // cells)
+            elif rows and cells % rows == 0:
+                fields[key] = replace(f, cells_per_row=cells // rows)
     return ModalitySpec(
         fields=fields,
         keys=frozenset(wire_item),

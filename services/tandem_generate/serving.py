@@ -53,6 +53,7 @@ class GenerateService:
             max_items=settings.max_items_per_prompt,
             limits=self.limits,
             mm_limits=engine.mm_limits,
+            accept_embeds=engine.accepts_mm_embeds,
         )
 
     def _prepare(
