@@ -310,7 +310,7 @@ def _bad_cases(model):
             },
             None,
             400,
-            "invalid_request",
+            "mm_embeds_disabled",  # without --enable-mm-embeds (tests/unit/render/test_embeds.py)
         ),
         (
             "caller uuid",

@@ -50,7 +50,6 @@ def test_string_content_and_string_image_url():
 @pytest.mark.parametrize(
     "part",
     [
-        {"type": "image_embeds", "image_embeds": "AAAA"},
         {"type": "image_pil", "image_pil": None},
         {"type": "input_audio", "input_audio": {}},
         {"type": "image_url", "image_url": {"url": "data:x"}, "uuid": "mine"},
