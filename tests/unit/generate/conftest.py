@@ -32,6 +32,9 @@ async def qwen2_engine(qwen2_dir, anyio_backend):
             seed=0,
             # Enforced by the service itself (test_items_and_hostile).
             limit_mm_per_prompt={"image": 4},
+            # Precomputed embeddings (test_embeds). With the image limit above 0 this changes
+            # nothing for pixel inputs: vLLM reads it only when parsing embedding inputs.
+            enable_mm_embeds=True,
             # The file weight-transfer backend (tests/unit/generate/test_weight_updates.py);
             # tests that change the weights push the original ones back.
             weight_transfer_config={"backend": "tandem_file"},
