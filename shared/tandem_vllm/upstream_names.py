@@ -114,6 +114,36 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         "render",
         "overridden to serve only prefetched bytes",
     ),
+    # Render: embedding fetches serve only the request's checked tensors (never torch.load).
+    *(
+        UpstreamName(
+            f"{_CONNECTOR}.fetch_{modality}_embedding{suffix}",
+            ("self", "data"),
+            "render",
+            "overridden to serve only tensors from checked embedding parts (render/embeds.py)",
+        )
+        for modality in ("image", "audio", "video")
+        for suffix in ("", "_async")
+    ),
+    # Render and generate: which tensors make a model's precomputed-embedding input.
+    UpstreamName(
+        "vllm.multimodal.parse:MultiModalDataParser.embedding_fields",
+        None,
+        "render",
+        "vllm_renderer._embeds_specs reads the values and grid keys of image embeddings",
+    ),
+    UpstreamName(
+        "vllm.multimodal.parse:MultiModalDataParser.embedding_fields",
+        None,
+        "generate",
+        "engine._probe_embeds reads the values and grid keys of image embeddings",
+    ),
+    UpstreamName(
+        "vllm.multimodal.processing.context:BaseProcessingInfo.parse_mm_data",
+        ("self", "mm_data", "*", "validate"),
+        "generate",
+        "engine.process_one probes embedding items with validate=False (the service gates them)",
+    ),
     # Generate: called by keyword from tandem_vllm.
     UpstreamName(
         "vllm.inputs:mm_input",
