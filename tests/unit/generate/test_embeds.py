@@ -200,12 +200,24 @@ async def test_bad_embedding_items_are_typed_4xx_and_the_engine_keeps_serving(
         ("placeholders vs rows", _with_item(req, _item(values, [1, 8, 8]), 12),
          "invalid_placeholders"),
     ]  # fmt: skip
+    # The same grid on a pixel item took the engine down before the merge check (the vision
+    # tower cannot tile 5 x 12 patches 2 x 2): one request killed the node.
+    image = await render(qwen2_renderer, qwen2_dir, [1], max_tokens=4)
+    bad_pixels = encode_item(
+        {
+            "pixel_values": FieldElem(np.zeros((60, 1176), np.uint8), FlatLayout((slice(0, 60),))),
+            "image_grid_thw": FieldElem(np.array([1, 5, 12]), BatchedLayout(keep_on_cpu=True)),
+        }
+    )
+    cases.append(("pixel grid the merge cannot divide", _with_item(image, bad_pixels, 15),
+                  "invalid_mm_item"))  # fmt: skip
     async with app_client(app) as c:
         for name, bad, type_ in cases:
             answer = await post(c, bad, expect=400)
             assert answer["error"]["type"] == type_, name
         good = await post(c, req, binary=True)
         assert len(tokens(good)) == 4
+        assert len(tokens(await post(c, image, binary=True))) == 4
 
 
 async def test_embedding_items_need_the_engine_flag(qwen2_engine, qwen2_renderer, qwen2_dir):
@@ -230,3 +242,44 @@ async def test_f32_items_are_cast_once_to_the_model_dtype(app, qwen2_renderer, q
     wide = _with_item(req, _item(values.astype(np.float32), [1, 8, 8]))
     async with app_client(app) as c:
         assert tokens(await post(c, wide)) == tokens(await post(c, req, binary=True))
+
+
+async def test_client_chat_sends_embeddings_once(qwen2_engine, qwen2_renderer, qwen2_dir):
+    """tandem_client passes an image_embeds part through as bytes (msgpack), and the item
+    reaches the generate node once: the second chat sends a null the node resolves."""
+    from contextlib import AsyncExitStack
+
+    import httpx
+
+    from tandem_client import AsyncTandemClient
+    from tandem_render.app import create_app as create_render_app
+    from tandem_wire import encode_safetensors
+
+    from .test_client_e2e import GENERATE, Router
+
+    values = random_embeds(16, seed=11)
+    blob = encode_safetensors({"image_embeds": values, "image_grid_thw": np.array([1, 8, 8])})
+    part = {"type": "image_embeds", "image_embeds": blob}
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": TEXT}]}]
+    settings = RenderSettings(model=qwen2_dir, max_images_per_prompt=8, enable_mm_embeds=True)
+    router = Router()
+    async with AsyncExitStack() as exits:
+        for host, app in (
+            ("render", create_render_app(settings, qwen2_renderer)),
+            ("generate", generate_app(qwen2_engine, qwen2_dir)),
+        ):
+            await exits.enter_async_context(app.router.lifespan_context(app))
+            router.transports[host] = httpx.ASGITransport(app=app)
+        client = AsyncTandemClient(
+            "http://render", "http://generate", model=qwen2_dir, transport=router
+        )
+        exits.push_async_callback(client.aclose)
+        first = await client.chat(messages, temperature=0.0, max_tokens=6)
+        again = await client.chat(messages, temperature=0.0, max_tokens=6)
+    assert again.choices[0].token_ids == first.choices[0].token_ids
+    full, held = router.sent_to(GENERATE)
+    assert (full.status, held.status) == (200, 200)
+    (item,) = full.kwargs_data()["image"]
+    assert item is not None
+    assert decode_item(item)["image_embeds"].data.tobytes() == values.tobytes()
+    assert held.kwargs_data() == {"image": [None]}
