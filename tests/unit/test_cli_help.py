@@ -68,3 +68,15 @@ def test_every_front_door_option_has_help(monkeypatch):
     assert len(parser._actions) > 15
     assert _without_help(parser._actions) == {}
     parser.format_help()
+
+
+@pytest.mark.vllm
+def test_enable_mm_embeds_reaches_both_services(qwen2_dir):
+    # Render's own flag, and vLLM's engine option on generate (which the service reads back).
+    from tandem_generate.__main__ import parse_args as generate_args
+    from tandem_render.__main__ import parse_args as render_args
+
+    assert render_args(["--model", "m", "--enable-mm-embeds"]).enable_mm_embeds is True
+    assert render_args(["--model", "m"]).enable_mm_embeds is False
+    assert generate_args(["--model", qwen2_dir, "--enable-mm-embeds"])[1].enable_mm_embeds
+    assert not generate_args(["--model", qwen2_dir])[1].enable_mm_embeds
