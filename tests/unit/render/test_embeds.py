@@ -278,3 +278,26 @@ async def test_app_without_the_flag_refuses_embeddings(settings, qwen2_renderer,
     async with app_client(create_app(off, renderer=qwen2_renderer)) as c:
         r = await _post(c, body)
     assert (r.status_code, r.json()["error"]["type"]) == (400, "mm_embeds_disabled")
+
+
+@pytest.mark.vllm
+def test_vllm_embedding_fetches_serve_only_checked_tensors():
+    # Defence in depth: whatever string reaches vLLM's embedding fetch (upstream: base64 ->
+    # torch.load), only tensors this request's parts were checked into come back.
+    from tandem_render.errors import MediaSchemeNotAllowed
+    from tandem_render.media_connector import PrefetchedMediaConnector
+    from tandem_render.render_call import RenderCall, bound
+
+    connector = object.__new__(PrefetchedMediaConnector)  # the fetches use no instance state
+    values = random_embeds(4)
+    token = f"{MEDIA_URL_PREFIX}0/image_embeds"
+    upstream = pybase64.b64encode(encode_safetensors({"image_embeds": values})).decode()
+    for fetch in (connector.fetch_image_embedding, connector.fetch_audio_embedding):
+        with pytest.raises(MediaSchemeNotAllowed):
+            fetch(token)  # outside a render call
+    with bound(RenderCall(embeds={token: values})):
+        got = connector.fetch_image_embedding(token)
+        assert got.float().numpy().tobytes() == (values.astype(np.float32).tobytes())
+        for fetch in (connector.fetch_image_embedding, connector.fetch_video_embedding):
+            with pytest.raises(MediaSchemeNotAllowed):
+                fetch(upstream)
