@@ -10,7 +10,6 @@ bad part is a typed 400 before vLLM sees it (vLLM's own parser checks neither fo
 from __future__ import annotations
 
 import binascii
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,8 +142,3 @@ def _checked(
             f"embeddings, but {values.shape[0]} were sent"
         )
     return {spec.values_key: values, spec.grid_key: np.array([t, h, w], np.int64)}
-
-
-def tensors_nbytes(tensors: Mapping[str, np.ndarray]) -> int:
-    """Bytes of one part's tensors (for the media-bytes metric)."""
-    return sum(int(a.nbytes) for a in tensors.values())
