@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem_wire.safetensors_codec import SAFETENSORS_DTYPES
+
 __all__ = [
     "BACKEND",
     "MAX_HEADER_BYTES",
@@ -35,18 +37,7 @@ BACKEND = "tandem_file"
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 """Largest safetensors header read (a header only lists names, dtypes, shapes and offsets)."""
 
-DTYPE_NAMES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
+DTYPE_NAMES = SAFETENSORS_DTYPES
 """safetensors dtype tags -> the names torch and vLLM use; any other tag is refused."""
 
 _INDEX = re.compile(r"^\d+$")

@@ -20,9 +20,9 @@ import numpy as np
 from .dtypes import numpy_dtype, wire_dtype_name
 from .errors import InvalidTensorData, PayloadTooLarge, ShapeMismatch, UnsupportedDtype
 
-__all__ = ["decode_safetensors", "encode_safetensors"]
+__all__ = ["SAFETENSORS_DTYPES", "decode_safetensors", "encode_safetensors"]
 
-_TAG_TO_WIRE = {
+SAFETENSORS_DTYPES = {
     "F64": "float64",
     "F32": "float32",
     "F16": "float16",
@@ -35,7 +35,7 @@ _TAG_TO_WIRE = {
     "BOOL": "bool",
 }
 """safetensors dtype tags -> wire (torch) dtype names; any other tag is refused."""
-_WIRE_TO_TAG = {v: k for k, v in _TAG_TO_WIRE.items()}
+_WIRE_TO_TAG = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 _MAX_NDIM = 8
 _MAX_NAME = 256
@@ -125,9 +125,9 @@ def _entry(name: str, entry: Any, max_tensor_bytes: int) -> tuple[np.dtype, list
     if not isinstance(entry, dict):
         raise InvalidTensorData(f"tensor {name!r}: malformed header entry")
     tag, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(tag, str) or tag not in _TAG_TO_WIRE:
+    if not isinstance(tag, str) or tag not in SAFETENSORS_DTYPES:
         raise UnsupportedDtype(f"tensor {name!r}: unsupported dtype {str(tag)[:16]!r}")
-    dtype = numpy_dtype(_TAG_TO_WIRE[tag])
+    dtype = numpy_dtype(SAFETENSORS_DTYPES[tag])
     if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
         raise ShapeMismatch(f"tensor {name!r}: shape must be a list of non-negative integers")
     if len(shape) > _MAX_NDIM:
