@@ -115,11 +115,15 @@ class Stack:
             str(GENERATE_ITEM_CACHE_BYTES),
         )
         self.servers = [self.render, self.generate]
-        for server in self.servers:
-            server.wait_healthy(timeout=300)
-        self.front = tandem_front(model, self.render.url, self.generate.url, workers=1)
-        self.servers.append(self.front)
-        self.front.wait_healthy(timeout=120)
+        try:
+            for server in self.servers:
+                server.wait_healthy(timeout=300)
+            self.front = tandem_front(model, self.render.url, self.generate.url, workers=1)
+            self.servers.append(self.front)
+            self.front.wait_healthy(timeout=120)
+        except BaseException:
+            self.stop()  # one that never came up must not leave the others running
+            raise
 
     def stop(self) -> None:
         for server in self.servers:
