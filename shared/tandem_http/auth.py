@@ -7,13 +7,11 @@ import hmac
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tandem_wire import error_types, format_for_accept, new_request_id
+from tandem_wire import error_types
 
-from .errors import error_body
-from .request_id import REQUEST_ID_HEADER
+from .errors import send_error
 
 __all__ = ["ApiKeyMiddleware", "api_keys", "principal_of"]
 
@@ -79,23 +77,14 @@ class ApiKeyMiddleware:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # policy violation
             return
-        rid = scope.get("state", {}).get("request_id") or new_request_id()
-        fmt = format_for_accept(Headers(scope=scope).get("accept"))
-        body = error_body(
-            fmt,
+        await send_error(
+            scope,
+            send,
             status_code=401,
             type=error_types.UNAUTHORIZED,
             message="missing or invalid API key",
-            request_id=rid,
+            headers={"www-authenticate": "Bearer"},
         )
-        headers = [
-            (b"content-type", fmt.content_type.encode("ascii")),
-            (b"content-length", str(len(body)).encode("ascii")),
-            (b"www-authenticate", b"Bearer"),
-            (REQUEST_ID_HEADER.encode("ascii"), rid.encode("ascii")),
-        ]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
 
 
 def _digest(key: str) -> str:

@@ -10,10 +10,9 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tandem_wire import error_types, format_for_accept, new_request_id
+from tandem_wire import error_types
 
-from .errors import error_body
-from .request_id import REQUEST_ID_HEADER
+from .errors import send_error
 
 __all__ = ["DRAINING_HEADER", "Drain", "DrainGate", "DrainingConfig", "DrainingServer"]
 
@@ -75,31 +74,14 @@ class DrainGate:
 
 
 async def _refuse(scope: Scope, send: Send) -> None:
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
-    fmt = format_for_accept(headers.get("accept"))
-    rid = new_request_id()
-    body = error_body(
-        fmt,
+    await send_error(
+        scope,
+        send,
         status_code=503,
         type=error_types.SHUTTING_DOWN,
         message="this server is shutting down; send the request to another node",
-        request_id=rid,
+        headers={"retry-after": "1", "connection": "close", DRAINING_HEADER: "1"},
     )
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", fmt.content_type.encode()),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-                (b"connection", b"close"),
-                (DRAINING_HEADER.encode(), b"1"),
-                (REQUEST_ID_HEADER.encode(), rid.encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 class DrainingConfig(uvicorn.Config):

@@ -15,9 +15,11 @@ from typing import Any, cast
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope, Send
 
 from tandem_wire import (
     ErrorBody,
@@ -27,6 +29,7 @@ from tandem_wire import (
     encode_document,
     error_types,
     format_for_accept,
+    new_request_id,
 )
 
 from .request_id import REQUEST_ID_HEADER, request_id_of
@@ -42,6 +45,7 @@ __all__ = [
     "error_body",
     "error_response",
     "install_error_handlers",
+    "send_error",
 ]
 
 logger = logging.getLogger("tandem")
@@ -125,6 +129,30 @@ def error_body(
         details=details,
     )
     return encode_document(ErrorBody(info), fmt)
+
+
+async def send_error(
+    scope: Scope,
+    send: Send,
+    *,
+    status_code: int,
+    type: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    """Answer a typed error from pure ASGI code (a middleware in front of the app), in the
+    format the client's Accept asks for, with ``x-request-id``."""
+    rid = scope.get("state", {}).get("request_id") or new_request_id()
+    fmt = format_for_accept(Headers(scope=scope).get("accept"))
+    body = error_body(fmt, status_code=status_code, type=type, message=message, request_id=rid)
+    raw = [
+        (b"content-type", fmt.content_type.encode("ascii")),
+        (b"content-length", str(len(body)).encode("ascii")),
+        *((k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()),
+        (REQUEST_ID_HEADER.encode("ascii"), rid.encode("ascii")),
+    ]
+    await send({"type": "http.response.start", "status": status_code, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 def error_response(
