@@ -83,6 +83,12 @@ class ServerProcess:
         self.stop()
         raise RuntimeError(f"{self.name} not healthy after {timeout}s:\n{self.log_text()}")
 
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             try:

@@ -52,12 +52,9 @@ def second_generate(fleet_servers, weight_dir):
     """A second generate process (the one extra engine a session may start), for affinity and
     control fan-out; it reads weight updates from the same folder as the first."""
     model, _ = fleet_servers
-    proc = tandem_generate(model, weight_dir)
-    try:
+    with tandem_generate(model, weight_dir) as proc:
         proc.wait_healthy(timeout=300)
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +63,8 @@ def front_door(fleet_servers, second_generate):
     the generate URLs in the order given."""
     model, procs = fleet_servers
     generate_urls = [procs["generate"].url, second_generate.url]
-    proc = tandem_front(
+    with tandem_front(
         model, procs["render"].url, generate_urls, "--enable-control-routes", workers=2
-    )
-    try:
+    ) as proc:
         proc.wait_healthy(timeout=120)
         yield proc.url, generate_urls
-    finally:
-        proc.stop()

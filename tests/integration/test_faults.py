@@ -82,12 +82,9 @@ class Restartable:
 @pytest.fixture
 def doomed_generate(fleet):
     model, _ = fleet
-    server = tandem_generate(model)
-    try:
+    with tandem_generate(model) as server:
         server.wait_healthy(timeout=300)
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -270,13 +267,10 @@ def render_workers(server: ServerProcess) -> set[int]:
 @pytest.fixture(scope="module")
 def two_worker_render(fleet):
     model, _ = fleet
-    server = tandem_render(model, workers=2)
-    try:
+    with tandem_render(model, workers=2) as server:
         server.wait_healthy(timeout=300)
         wait_until(lambda: len(render_workers(server)) == 2, 120, "two render workers")
         yield server
-    finally:
-        server.stop()
 
 
 def test_a_killed_render_worker_is_replaced_and_its_requests_retried(fleet, two_worker_render):

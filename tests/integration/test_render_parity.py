@@ -28,14 +28,10 @@ MODELS = ["qwen2-vl", "qwen3-vl"]
 @pytest.fixture(scope="module", params=MODELS)
 def servers(request):
     model = str(ensure_model(request.param))
-    upstream, ours = upstream_render(model), tandem_render(model, workers=2)
-    try:
+    with upstream_render(model) as upstream, tandem_render(model, workers=2) as ours:
         upstream.wait_healthy()
         ours.wait_healthy()
         yield model, upstream.url, ours.url
-    finally:
-        upstream.stop()
-        ours.stop()
 
 
 def post(url: str, path: str, body: dict) -> bytes:
