@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from tandem_http.openapi import OPENAPI_PATH, BodySchemas
+from tandem_http.openapi import JSON_TYPE, OPENAPI_PATH, BodySchemas
 
 from .errors import UpstreamError, UpstreamUnavailable
 from .upstreams import Node, Upstreams
@@ -64,7 +64,7 @@ async def _document(ups: Upstreams, nodes: Sequence[Node]) -> dict[str, Any]:
 
 def _body(doc: dict[str, Any], path: str) -> dict[str, Any] | None:
     try:
-        schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        schema = doc["paths"][path]["post"]["requestBody"]["content"][JSON_TYPE]
     except (KeyError, TypeError):
         return None
     return schema.get("schema") if isinstance(schema, dict) else None
