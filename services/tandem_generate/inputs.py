@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tandem_http import TokenOutOfVocabulary, TooManyItems
+from tandem_vllm.item_rules import ItemRuleMismatch
 from tandem_vllm.items import item_to_vllm
 from tandem_vllm.wire_transforms import TransformMismatch
 from tandem_wire import (
@@ -88,6 +89,11 @@ class InputBuilder:
         for modality, hashes in feats.mm_hashes.items():
             mspec = self.spec.modalities.get(modality)
             if mspec is None:
+                if modality in self.spec.unlearned:
+                    raise InvalidItem(
+                        f"this node could not learn the model's {modality} items at start-up "
+                        "(see its log)"
+                    )
                 raise InvalidItem(f"this model takes no {modality[:32]!r} input")
             limit = self.mm_limits.get(modality)
             if limit is not None and len(hashes) > limit:
@@ -135,6 +141,7 @@ class InputBuilder:
         except TransformMismatch as exc:
             raise InvalidItem(f"{modality} item: {exc}") from None
         wire = rebind(wire, spec, modality)
+        expected_embeds(wire, spec, modality)  # the model's rule, once, before the store
         data = memoryview(entry)
         return StoredItem(
             # Of the bytes as sent, transform declaration included: what the sender names.
@@ -163,7 +170,7 @@ class InputBuilder:
             raise InvalidPlaceholders(
                 f"{modality} range at {p.offset} holds no {modality} placeholder token"
             )
-        expected = expected_embeds(wire, spec)
+        expected = expected_embeds(wire, spec, modality)
         if expected is not None and expected != n_embed:
             raise InvalidPlaceholders(
                 f"{modality} range at {p.offset} has {n_embed} placeholder tokens but the "
@@ -174,7 +181,14 @@ class InputBuilder:
         return PlaceholderRange(offset=p.offset, length=p.length, is_embed=is_embed)
 
 
-def expected_embeds(wire: KwargsItem, spec: ModalitySpec) -> int | None:
+def expected_embeds(wire: KwargsItem, spec: ModalitySpec, modality: str) -> int | None:
+    """The embedding tokens the model makes of the item; None where only the placeholder
+    token itself says (no grid, no rule). InvalidItem when the model's rule refuses it."""
+    if spec.rule is not None:
+        try:
+            return spec.rule.embed_tokens(wire)
+        except ItemRuleMismatch as exc:
+            raise InvalidItem(f"{modality} item: {exc}") from None
     if spec.grid_key is None or spec.grid_cells_per_token is None:
         return None
     grid = wire[spec.grid_key].data
