@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .caches import DecodedCache
+from .media import AudioDecoding
 
 __all__ = ["RenderCall", "bound", "current"]
 
@@ -36,6 +37,9 @@ class RenderCall:
 
     decoded: DecodedCache | None = None
     """Where the connector keeps decoded media across requests, if anywhere."""
+
+    audio: AudioDecoding | None = None
+    """How the connector decodes audio clips (limits, the model's sample rate)."""
 
     prompt_media: PromptMedia | None = None
     """Completions only: images per prompt, which upstream's completion renderer lacks."""

@@ -38,6 +38,7 @@ from tandem_vllm.wire_transforms import wire_transforms_for
 from tandem_wire import GenerateRequest, TandemHTTPError
 
 from .inline import InlineExecutor
+from .media import AudioDecoding
 from .media_connector import (
     DecodedCache,
     VideoLimits,
@@ -117,6 +118,7 @@ class EngineRenderer:
             limit_mm_per_prompt={
                 "image": settings.max_images_per_prompt,
                 "video": settings.max_videos_per_prompt,
+                "audio": settings.max_audios_per_prompt,
             },
             mm_processor_cache_gb=settings.mm_processor_cache_gb,
             enforce_eager=True,
@@ -168,6 +170,10 @@ class EngineRenderer:
         video_io = mm_config.media_io_kwargs.get("video", {}) if mm_config else {}
         default_frames = VideoMediaIO(ImageMediaIO()).num_frames
         self._video_frames = int(video_io.get("num_frames", default_frames))
+        self.audio_decoding = AudioDecoding(
+            limits=settings.media_policy().audio_limits,
+            sample_rate=_audio_sample_rate(mm_processor),
+        )
 
     def load_image(self, data: bytes, decoded: DecodedCache | None = None) -> Any:
         """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
@@ -193,7 +199,7 @@ class EngineRenderer:
         decoded: DecodedCache | None = None,
     ) -> GenerateRequest[bytes | None]:
         request = _validate(ChatCompletionRequest, body)
-        call = RenderCall(media=media, decoded=decoded)
+        call = RenderCall(media=media, decoded=decoded, audio=self.audio_decoding)
         result = await _in_call(call, self.serving.render_chat_request(request))
         return self._to_wire(result, call.captured[0], encode)
 
@@ -254,6 +260,15 @@ def _processor_facts(mm_processor: Any) -> ProcessorFacts:
         pixels_per_token=per_token,
         max_frames=frames if isinstance(frames, int) else None,
     )
+
+
+def _audio_sample_rate(mm_processor: Any) -> int | None:
+    """The rate the model's audio feature extractor takes (Whisper-style processors)."""
+    if mm_processor is None:
+        return None
+    extractor = getattr(mm_processor.info.get_hf_processor(), "feature_extractor", None)
+    rate = getattr(extractor, "sampling_rate", None)
+    return rate if isinstance(rate, int) and rate > 0 else None
 
 
 def _run_inline(renderer: Any) -> None:
