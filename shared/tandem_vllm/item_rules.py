@@ -2,9 +2,9 @@
 many embedding tokens it yields, where the generic checks (keys, dtypes, ranks, grids) cannot
 tell. Keyed by HF processor class, as the wire transforms are.
 
-Generate applies a model's rule to every item before the engine sees it: an item that would
-make the encoder produce another number of embeddings than its placeholder run holds fails
-inside vLLM's engine core, taking every request with it.
+Generate applies a model's rule to every item before the engine sees it: an item whose
+encoder output does not fit its placeholder run either fails inside vLLM's engine core, taking
+every request with it, or quietly feeds the model misplaced embeddings.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ class WhisperFeatures:
     """Log-mel features over a fixed window (Qwen2-Audio): ``input_features`` is
     ``(mel bins, frames)`` and ``feature_attention_mask`` marks the frames that hold audio.
 
-    The encoder reads the whole window and keeps as many outputs as the mask's count of ones
-    makes through its two stride-2 steps (vLLM's own formula), so both shapes are those of the
-    processor's window and the mask holds only ones and zeros.
+    The encoder reads the whole window and keeps as many outputs as the mask's sum makes
+    through its two stride-2 steps (vLLM's own formula), so both shapes are those of the
+    processor's window and the mask holds only ones and zeros: a negative sum kills the engine
+    core, and twos count double.
     """
 
     features_shape: tuple[int, ...]
