@@ -135,3 +135,26 @@ async def test_items_that_would_break_the_encoder_are_refused(
         # The engine never saw them: the same node still answers the real item.
         good = generate_steps(await post(c, req))
     assert len(good) == GREEDY_WITH_LOGPROBS["max_tokens"]
+
+
+def example_media_parts():
+    """examples/media_parts.py, the content parts the README and the examples show."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "media_parts.py"
+    spec = importlib.util.spec_from_file_location("media_parts", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_the_examples_audio_part_equals_vllm_chat(
+    qwen2_audio_engine, qwen2_audio_renderer, qwen2_audio_dir
+):
+    model = qwen2_audio_dir
+    body = {"model": model, "messages": [example_media_parts().user_message("audio")]}
+    expected = await reference(qwen2_audio_engine, model, body)
+    answers, _ = await ours(qwen2_audio_engine, qwen2_audio_renderer, model, body)
+    assert_same_steps(answers["json"], expected)
