@@ -8,7 +8,7 @@ parity test costs one engine, not two.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -29,8 +29,7 @@ def vllm_media_connector() -> Iterator[None]:
             MEDIA_CONNECTOR_REGISTRY.register(name)(saved)
 
 
-@contextlib.asynccontextmanager
-async def vllm_openai_app(llm: Any, model: str, *options: str) -> AsyncIterator[Any]:
+async def vllm_openai_app(llm: Any, model: str, *options: str) -> Any:
     """vLLM's OpenAI server app (routes and state as `vllm serve` builds them) over ``llm``,
     an ``AsyncLLM``; ``options``: more of `vllm serve`'s command line."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -44,7 +43,7 @@ async def vllm_openai_app(llm: Any, model: str, *options: str) -> AsyncIterator[
     tasks = await llm.get_supported_tasks()
     app = build_app(args, tasks, llm.model_config)
     await init_app_state(llm, app.state, args, tasks)
-    yield app
+    return app
 
 
 Steps = list[tuple[int, float, dict[int, float]]]

@@ -3,6 +3,8 @@ and binary, against `/v1/chat/completions` of vLLM's app for the same chat."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 
 from tandem_wire import ANY_WIRE_TRANSFORM
@@ -14,10 +16,16 @@ from .helpers import generate_app, post, render_body
 GREEDY_WITH_LOGPROBS = {"temperature": 0.0, "max_tokens": 8, "logprobs": True, "top_logprobs": 5}
 
 
+_APPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""vLLM's app per engine, built once (its set-up warms a renderer up: seconds)."""
+
+
 async def reference(engine, model: str, body: dict):
     """vLLM's own chat answer for ``body``, token by token with the top-5 logprobs."""
-    async with vllm_openai_app(engine.llm, model) as app:
-        return await vllm_chat(app, {**body, **GREEDY_WITH_LOGPROBS})
+    app = _APPS.get(engine)
+    if app is None:
+        app = _APPS[engine] = await vllm_openai_app(engine.llm, model)
+    return await vllm_chat(app, {**body, **GREEDY_WITH_LOGPROBS})
 
 
 async def ours(engine, renderer, model: str, body: dict, **render_settings):
