@@ -158,3 +158,25 @@ async def test_the_examples_audio_part_equals_vllm_chat(
     expected = await reference(qwen2_audio_engine, model, body)
     answers, _ = await ours(qwen2_audio_engine, qwen2_audio_renderer, model, body)
     assert_same_steps(answers["json"], expected)
+
+
+async def test_the_client_chats_with_audio(
+    qwen2_audio_engine, qwen2_audio_renderer, qwen2_audio_dir
+):
+    # tandem_client passes audio parts on as they are: base64 in input_audio, or raw bytes in
+    # audio_bytes (its msgpack bodies carry them without base64).
+    from .helpers import client_stack
+
+    model, clip = qwen2_audio_dir, audio_bytes(2.0, seed=7)
+    expected = await reference(
+        qwen2_audio_engine, model, audio_chat(model, [input_audio_part(clip)])
+    )
+    parts = {
+        "input_audio": input_audio_part(clip),
+        "audio_bytes": {"type": "audio_bytes", "audio_bytes": clip},
+    }
+    async with client_stack(qwen2_audio_engine, qwen2_audio_renderer, model) as client:
+        for name, part in parts.items():
+            messages = audio_chat(model, [part])["messages"]
+            answer = await client.chat(messages, temperature=0.0, max_tokens=8)
+            assert answer.choices[0].token_ids == [t for t, _, _ in expected], name
