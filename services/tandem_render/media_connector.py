@@ -116,6 +116,7 @@ def decode_audio(media_io: Any, data: bytes, how: AudioDecoding) -> tuple[np.nda
             backend=media_io.audio_backend or "soundfile",
         )
     except ValueError as exc:
+        # vLLM raises ValueError for both; only its limit messages say "exceed(s/ed/ing)".
         if "exceed" in str(exc):
             raise MediaTooLarge(
                 "the audio decodes past its header's length or the decoded-size limit"

@@ -76,6 +76,7 @@ class RequestLimits:
     max_kwargs_frames: int = 768
     """Largest ``num_frames`` a request may ask for."""
     max_audios: int = 4
+    """Most audio clips in one prompt."""
     pixels_per_token: int | None = None
     """From the processor: lets ``min_pixels`` be checked against the context before work."""
     max_model_len: int | None = None
@@ -157,7 +158,9 @@ def _check_counts(refs: list[MediaRef], limits: RequestLimits) -> None:
 def _input_audio_ref(counter: list[int], source: Any, where: str) -> MediaRef:
     """An ``input_audio`` part's ``{data, format}``, as the data URL vLLM itself makes of it."""
     if not isinstance(source, dict):
-        raise BadRequest(f"{where}.input_audio must be an object with data and format")
+        raise BadRequest(
+            f"{where}.input_audio must be an object with data and format", param="messages"
+        )
     data, fmt = source.get("data"), source.get("format")
     if not isinstance(data, str) or not data:
         raise BadRequest(f"{where}.input_audio.data must be base64 text", param="messages")

@@ -196,3 +196,25 @@ async def test_file_audio_under_the_allowed_folder(qwen2_audio_renderer, qwen2_a
     )
     inline = await render(qwen2_audio_renderer, model, audio_chat(model, [input_audio_part(clip)]))
     assert from_file.features.mm_hashes == inline.features.mm_hashes
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_seconds": 1.0, "max_sample_rate": 192_000, "max_decoded_bytes": 2**30},
+        {"max_seconds": 600.0, "max_sample_rate": 192_000, "max_decoded_bytes": 100_000},
+    ],
+)
+def test_the_decoder_holds_a_clip_to_the_limits_too(limits):
+    # The second line, for a header that lies: decoding stops at the limits as well.
+    from vllm.multimodal.media import AudioMediaIO
+
+    from tandem_render.errors import MediaTooLarge
+    from tandem_render.media import AudioDecoding, AudioLimits
+    from tandem_render.media_connector import decode_audio
+
+    how = AudioDecoding(limits=AudioLimits(**limits), sample_rate=16_000)
+    with pytest.raises(MediaTooLarge):
+        decode_audio(AudioMediaIO(), audio_bytes(2.0, seed=8), how)
+    wave, rate = decode_audio(AudioMediaIO(), audio_bytes(0.5, 8_000, seed=8), how)
+    assert rate == 16_000 and wave.dtype == np.float32 and wave.shape == (8_000,)
