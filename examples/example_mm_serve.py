@@ -1,27 +1,21 @@
-"""Render a chat with an image, generate from the render output, decode the tokens: plain HTTP.
+"""Render a chat with an image (or a video, or audio), generate from the render output, decode
+the tokens: plain HTTP.
 
 The upstream flow, with no Tandem library: it works against Tandem's pair and against vLLM's own
 (`vllm launch render` + `vllm serve --enable-scale-out`) alike.
 
     python examples/example_mm_serve.py [--render-url URL] [--generate-url URL] [--max-tokens N]
+        [--media image|video|audio]
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import os
 import sys
 
 import httpx
-from PIL import Image
-
-
-def red_png_data_url(size: int = 224) -> str:
-    buf = io.BytesIO()
-    Image.new("RGB", (size, size), (255, 0, 0)).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+from media_parts import MEDIA, user_message
 
 
 def main() -> int:
@@ -34,28 +28,19 @@ def main() -> int:
     )
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"))
+    parser.add_argument("--media", choices=MEDIA, default="image", help="what the chat holds")
     args = parser.parse_args()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     http = httpx.Client(headers=headers, timeout=300)
 
     model = http.get(f"{args.render_url}/v1/models").raise_for_status().json()["data"][0]["id"]
-    chat = {
-        "model": model,
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": red_png_data_url()}},
-                    {"type": "text", "text": "What color is this image?"},
-                ],
-            }
-        ],
-    }
-    # 1. Render: token ids, mm_hashes, placeholders and the processed pixels.
+    chat = {"model": model, "messages": [user_message(args.media)]}
+    # 1. Render: token ids, mm_hashes, placeholders and the processed tensors (pixels, frames,
+    #    log-mel features).
     rendered = http.post(f"{args.render_url}/v1/chat/completions/render", json=chat)
     request = rendered.raise_for_status().json()
-    image = request["features"]["mm_placeholders"]["image"][0]
-    print(f"rendered: {len(request['token_ids'])} tokens, image at {image}", file=sys.stderr)
+    where = request["features"]["mm_placeholders"][args.media][0]
+    print(f"rendered: {len(request['token_ids'])} tokens, {args.media} at {where}", file=sys.stderr)
 
     # 2. Generate: the render output as it is, plus sampling parameters.
     request["sampling_params"] = {

@@ -1,41 +1,28 @@
-"""Chat with an image through the front door with the OpenAI SDK, whole and streamed.
+"""Chat with an image (or a video, or audio) through the front door with the OpenAI SDK, whole
+and streamed.
 
 python examples/openai_chat.py [--url http://127.0.0.1:8000] [--max-tokens N]
+    [--media image|video|audio]
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import os
 
+from media_parts import MEDIA, user_message
 from openai import OpenAI
-from PIL import Image
-
-
-def red_png_data_url(size: int = 224) -> str:
-    buf = io.BytesIO()
-    Image.new("RGB", (size, size), (255, 0, 0)).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("TANDEM_URL", "http://127.0.0.1:8000"))
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--media", choices=MEDIA, default="image", help="what the chat holds")
     args = parser.parse_args()
     client = OpenAI(base_url=f"{args.url}/v1", api_key=os.environ.get("TANDEM_API_KEY", "none"))
     model = client.models.list().data[0].id
-    messages = [
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": red_png_data_url()}},
-                {"type": "text", "text": "What color is this image?"},
-            ],
-        }
-    ]
+    messages = [user_message(args.media)]
     answer = client.chat.completions.create(
         model=model, messages=messages, max_tokens=args.max_tokens, temperature=0.0
     )

@@ -49,3 +49,18 @@ def qwen3_renderer():
     from tools.tiny_models import ensure_model
 
     return EngineRenderer(RenderSettings(model=str(ensure_model("qwen3-vl"))))
+
+
+@pytest.fixture(scope="session")
+def qwen2_audio_dir():
+    from tools.tiny_models import ensure_model
+
+    return str(ensure_model("qwen2-audio"))
+
+
+@pytest.fixture(scope="session")
+def qwen2_audio_renderer(qwen2_audio_dir):
+    from tandem_render.settings import RenderSettings
+    from tandem_render.vllm_renderer import EngineRenderer
+
+    return EngineRenderer(RenderSettings(model=qwen2_audio_dir, max_audios_per_prompt=4))

@@ -1,8 +1,9 @@
 """`make run` / `make demo`: start render, generate and the front door on 127.0.0.1, run the
 examples against the front door (the one URL users get), serve on.
 
-Without ``--model`` the tiny Qwen2-VL test model is built (seconds) and served. ``--demo`` runs
-the examples and stops everything; otherwise the stack keeps serving until Ctrl-C.
+Without ``--model`` the tiny Qwen2-VL test model is built (seconds) and served; a tiny model's
+name (``qwen2-audio``, ``qwen3-vl``, ...) serves that one. ``--demo`` runs the examples and stops
+everything; otherwise the stack keeps serving until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from tools.servers import ServerProcess, python_module, weight_transfer_args
 
 ROOT = Path(__file__).resolve().parent.parent
+MEDIA = ("image", "video", "audio")
 WEIGHT_DIR = ROOT / ".cache" / "weight-transfer"
 """Where trainers write weight updates for the generate server (examples/grpo_rollout.py)."""
 MAX_RESTARTS = 5
@@ -26,7 +28,17 @@ RESTART_WINDOW_S = 600.0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--model", default="", help="model folder or hub name (default: tiny)")
+    parser.add_argument(
+        "--model",
+        default="",
+        help="model folder, hub name or tiny model name (default: the tiny qwen2-vl)",
+    )
+    parser.add_argument(
+        "--media",
+        nargs="+",
+        choices=MEDIA,
+        help="what the examples send (default: audio for an audio model, else image and video)",
+    )
     parser.add_argument("--render-port", type=int, default=8100)
     parser.add_argument("--generate-port", type=int, default=8200)
     parser.add_argument("--front-port", type=int, default=8000)
@@ -37,11 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         "--weight-dir", default=str(WEIGHT_DIR), help="folder weight updates are read from"
     )
     args = parser.parse_args(argv)
-    model = args.model
-    if not model:
-        from tools.tiny_models import ensure_model
+    from tools.tiny_models import AUDIO_MODELS, MODELS, ensure_model
 
-        model = str(ensure_model("qwen2-vl"))
+    model = args.model or "qwen2-vl"
+    media = args.media or (["audio"] if model in AUDIO_MODELS else ["image", "video"])
+    if model in MODELS:
+        model = str(ensure_model(model))
     render_args = ["--model", model, "--port", str(args.render_port)]
     if args.render_workers:
         render_args += ["--workers", str(args.render_workers)]
@@ -90,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         front.wait_healthy(timeout=120)
         print(f"front door on {front.url}; running the examples against it", flush=True)
         examples = [
-            # vLLM's render -> generate flow by hand: the door serves both routes.
-            ["example_mm_serve.py", "--render-url", front.url, "--generate-url", front.url],
-            ["openai_chat.py", "--url", front.url],
+            # vLLM's render -> generate flow by hand (the door serves both routes), per medium.
+            *(
+                ["example_mm_serve.py", "--media", m, "--render-url", front.url]
+                + ["--generate-url", front.url]
+                for m in media
+            ),
+            ["openai_chat.py", "--media", media[0], "--url", front.url],
         ]
         for example in examples:
             done = subprocess.run(

@@ -1,4 +1,4 @@
-"""Build tiny random-weight Qwen vision-language models offline and deterministically for tests."""
+"""Build tiny random-weight Qwen vision- and audio-language models offline and deterministically."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ VISION_HEADS = 2
 DTYPE = "bfloat16"
 
 # The BPE model gets the first ids and the special tokens the last ones, as in the real Qwen
-# vocabularies; a full vocabulary keeps the special ids fixed at 1016..1023.
+# vocabularies; a full vocabulary keeps the special ids fixed (1016..1023 for the vision models).
 VOCAB_SIZE = 1024
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -51,7 +51,14 @@ SPECIAL_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
-BPE_SIZE = VOCAB_SIZE - len(SPECIAL_TOKENS)
+AUDIO_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+    "<|AUDIO|>",
+)
 
 # Qwen2Tokenizer rebuilds its pipeline from this regex plus NFC and byte-level steps on load
 # (transformers 5 keeps only vocab and merges from tokenizer.json), so training must use the same.
@@ -162,6 +169,27 @@ first second third last next previous several many few some every each both eith
 """
 
 
+# The Qwen2-Audio chat template: "Audio N: <|audio_bos|><|AUDIO|><|audio_eos|>" per audio part.
+AUDIO_CHAT_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Whisper's log-mel front end as Qwen2-Audio ships it: 16 kHz, 128 bins, 30 s windows.
+AUDIO_SAMPLE_RATE = 16_000
+MEL_BINS = 128
+AUDIO_WIDTH = 64
+
+
 def _corpus() -> list[str]:
     return [line for line in (CORPUS + GLOSSARY).splitlines() if line.strip()]
 
@@ -188,8 +216,11 @@ SPECS: dict[str, dict[str, Any]] = {
         "patch": 16,
         "clip_norm": False,
     },
+    "qwen2-audio": {"processor": "Qwen2AudioProcessor", "audio": True},
 }
 MODELS: tuple[str, ...] = tuple(SPECS)
+AUDIO_MODELS: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s.get("audio"))
+VISION_MODELS: tuple[str, ...] = tuple(n for n in MODELS if n not in AUDIO_MODELS)
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -209,7 +240,15 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _train_tokenizer() -> Any:
+def _special_tokens(name: str) -> tuple[str, ...]:
+    return AUDIO_SPECIAL_TOKENS if SPECS[name].get("audio") else SPECIAL_TOKENS
+
+
+def _chat_template(name: str) -> str:
+    return AUDIO_CHAT_TEMPLATE if SPECS[name].get("audio") else CHAT_TEMPLATE
+
+
+def _train_tokenizer(specials: tuple[str, ...]) -> Any:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
@@ -223,23 +262,25 @@ def _train_tokenizer() -> Any:
         ]
     )
     tok.decoder = decoders.ByteLevel()
+    bpe_size = VOCAB_SIZE - len(specials)
     trainer = BpeTrainer(
-        vocab_size=BPE_SIZE,
+        vocab_size=bpe_size,
         min_frequency=1,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    if tok.get_vocab_size() != BPE_SIZE:
-        raise RuntimeError(f"BPE vocabulary has {tok.get_vocab_size()} entries, need {BPE_SIZE}")
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    if tok.get_vocab_size() != bpe_size:
+        raise RuntimeError(f"BPE vocabulary has {tok.get_vocab_size()} entries, need {bpe_size}")
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return tok
 
 
-def _tokenizer_files(out: Path) -> dict[str, int]:
-    tok = _train_tokenizer()
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+def _tokenizer_files(out: Path, name: str) -> dict[str, int]:
+    specials = _special_tokens(name)
+    tok = _train_tokenizer(specials)
+    ids = {t: tok.token_to_id(t) for t in specials}
     # tokenizers writes the vocabulary in id order and merges in rank order: stable bytes.
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
     added = {
@@ -251,7 +292,7 @@ def _tokenizer_files(out: Path) -> dict[str, int]:
             "single_word": False,
             "special": True,
         }
-        for t in SPECIAL_TOKENS
+        for t in specials
     }
     _write_json(
         out / "tokenizer_config.json",
@@ -260,7 +301,7 @@ def _tokenizer_files(out: Path) -> dict[str, int]:
             "add_prefix_space": False,
             "added_tokens_decoder": added,
             "bos_token": None,
-            "chat_template": CHAT_TEMPLATE,
+            "chat_template": _chat_template(name),
             "clean_up_tokenization_spaces": False,
             "eos_token": "<|im_end|>",
             "errors": "replace",
@@ -275,8 +316,34 @@ def _tokenizer_files(out: Path) -> dict[str, int]:
     return ids
 
 
+def _audio_processor_files(out: Path, name: str) -> None:
+    window_s = 30
+    _write_json(
+        out / "preprocessor_config.json",
+        {
+            "chunk_length": window_s,
+            "dither": 0.0,
+            "feature_extractor_type": "WhisperFeatureExtractor",
+            "feature_size": MEL_BINS,
+            "hop_length": 160,
+            "n_fft": 400,
+            "n_samples": window_s * AUDIO_SAMPLE_RATE,
+            "nb_max_frames": window_s * AUDIO_SAMPLE_RATE // 160,
+            "padding_side": "right",
+            "padding_value": 0.0,
+            "processor_class": SPECS[name]["processor"],
+            "return_attention_mask": True,
+            "sampling_rate": AUDIO_SAMPLE_RATE,
+        },
+    )
+    (out / "chat_template.jinja").write_text(AUDIO_CHAT_TEMPLATE, encoding="utf-8")
+
+
 def _processor_files(out: Path, name: str) -> None:
     spec = SPECS[name]
+    if spec.get("audio"):
+        _audio_processor_files(out, name)
+        return
     patch = spec["patch"]
     factor = patch * MERGE
     mean, std = (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD) if spec["clip_norm"] else ([0.5] * 3, [0.5] * 3)
@@ -332,14 +399,8 @@ class _SpecialTokenIds(TypedDict):
     vision_end_token_id: int
 
 
-def _model_config(name: str, ids: dict[str, int]) -> PreTrainedConfig:
-    special: _SpecialTokenIds = {
-        "image_token_id": ids["<|image_pad|>"],
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-        "vision_end_token_id": ids["<|vision_end|>"],
-    }
-    text: dict[str, object] = {
+def _text_config(ids: dict[str, int]) -> dict[str, object]:
+    return {
         "vocab_size": VOCAB_SIZE,
         "hidden_size": HIDDEN,
         "intermediate_size": INTERMEDIATE,
@@ -352,6 +413,36 @@ def _model_config(name: str, ids: dict[str, int]) -> PreTrainedConfig:
         "pad_token_id": ids["<|endoftext|>"],
         "dtype": DTYPE,
     }
+
+
+def _audio_model_config(ids: dict[str, int]) -> PreTrainedConfig:
+    from transformers import Qwen2AudioConfig
+
+    audio: dict[str, object] = {
+        "num_mel_bins": MEL_BINS,
+        "encoder_layers": 1,
+        "encoder_attention_heads": VISION_HEADS,
+        "encoder_ffn_dim": 2 * AUDIO_WIDTH,
+        "d_model": AUDIO_WIDTH,
+        # 30 s of 10 ms mel frames after the stride-2 convolution, as in the real encoder.
+        "max_source_positions": 1500,
+    }
+    text = {**_text_config(ids), "model_type": "qwen2", "max_window_layers": TEXT_LAYERS}
+    return Qwen2AudioConfig(
+        audio_config=audio, text_config=text, audio_token_index=ids["<|AUDIO|>"], dtype=DTYPE
+    )
+
+
+def _model_config(name: str, ids: dict[str, int]) -> PreTrainedConfig:
+    if SPECS[name].get("audio"):
+        return _audio_model_config(ids)
+    special: _SpecialTokenIds = {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+    text = _text_config(ids)
     if name in ("qwen2-vl", "qwen2.5-vl"):
         # M-RoPE sections sum to half the head dim (32 / 2).
         text["rope_parameters"] = {
@@ -424,19 +515,21 @@ def build_model(name: str, out_dir: Path) -> None:
     if name not in SPECS:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     import torch
-    from transformers import AutoModelForImageTextToText, GenerationConfig
+    from transformers import AutoModelForImageTextToText, AutoModelForMultimodalLM, GenerationConfig
     from transformers.utils import logging as hf_logging
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ids = _tokenizer_files(out_dir)
+    ids = _tokenizer_files(out_dir, name)
     _processor_files(out_dir, name)
     config = _model_config(name, ids)
+    # The image-text auto class has no audio models; the vision ones stay on it (same bytes).
+    auto = AutoModelForMultimodalLM if SPECS[name].get("audio") else AutoModelForImageTextToText
     # A private RNG stream: same weights every build, caller's torch RNG left untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         # transformers' factory and GenerationConfig have unannotated signatures.
-        model = AutoModelForImageTextToText.from_config(  # type: ignore[no-untyped-call]
+        model = auto.from_config(  # type: ignore[no-untyped-call]
             config, dtype=getattr(torch, DTYPE)
         )
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
@@ -452,6 +545,23 @@ def build_model(name: str, out_dir: Path) -> None:
     finally:
         if bars:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated upstream
+    if SPECS[name].get("audio"):
+        _hub_layout_audio_weights(out_dir / "model.safetensors")
+
+
+def _hub_layout_audio_weights(path: Path) -> None:
+    """Rename the text model's weights to the published Qwen2-Audio layout
+    (``language_model.model.layers...``), which vLLM loads; transformers 5 writes one
+    ``model.`` too many there."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    bad = "language_model.model.model."
+    renamed = {
+        ("language_model.model." + k[len(bad) :] if k.startswith(bad) else k): v
+        for k, v in tensors.items()
+    }
+    save_file(renamed, path, metadata={"format": "pt"})
 
 
 def cache_root() -> Path:

@@ -26,6 +26,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from tandem_http import BadRequest
+from tandem_vllm.item_rules import item_rule_for
 from tandem_vllm.items import item_from_vllm, placeholder_from_vllm
 from tandem_vllm.prompts import engine_prompt
 from tandem_vllm.sampling import MaxTokensDefaults
@@ -224,6 +225,17 @@ def process_one(proc: Any, modality: str, sample: Any, *, embeds: bool = False) 
     return proc.apply(ProcessorInputs(ids, data), TimingContext(enabled=False))
 
 
+_VIDEO_METADATA = {
+    "fps": 2.0,
+    "duration": 2.0,
+    "total_num_frames": 4,
+    "frames_indices": [0, 1, 2, 3],
+    "video_backend": "opencv",
+    "do_sample_frames": False,
+}
+"""What vLLM's video IO reports for a 4-frame, 2 fps clip decoded whole."""
+
+
 def probe_model(model_config: Any) -> ModelSpec:
     """Run vLLM's processor on synthetic media once, to learn what items look like."""
     from PIL import Image
@@ -232,16 +244,36 @@ def probe_model(model_config: Any) -> ModelSpec:
     proc = MULTIMODAL_REGISTRY.create_processor(model_config)
     samples: dict[str, Any] = {
         "image": Image.fromarray(np.full((64, 96, 3), 128, np.uint8)),
-        "video": np.full((4, 64, 64, 3), 128, np.uint8),
+        # With the metadata vLLM's video loader returns: models that place timestamps between
+        # frames (Qwen3-VL) refuse a video without it.
+        "video": (np.full((4, 64, 64, 3), 128, np.uint8), _VIDEO_METADATA),
+        # A second of a 440 Hz tone, as (waveform, sample rate) the way vLLM's audio IO decodes.
+        "audio": (np.sin(np.arange(16_000, dtype=np.float32) * (2 * np.pi * 440 / 16_000)), 16_000),
     }
-    spec = ModelSpec(wire_transforms=wire_transforms_for(proc.info.get_hf_processor()))
+    hf_processor = proc.info.get_hf_processor()
+    spec = ModelSpec(wire_transforms=wire_transforms_for(hf_processor))
+    supported = proc.info.get_supported_mm_limits()
     for modality, sample in samples.items():
+        if modality not in supported:
+            continue
         try:
             out = process_one(proc, modality, sample)
-        except Exception as exc:  # a modality the model does not take
-            log.info("model takes no %s input (%s)", modality, type(exc).__name__)
+        except Exception as exc:
+            # The model takes this modality, but not our sample: its items are refused with
+            # a message that says so, and the cause is in the log.
+            log.warning("could not learn this model's %s items: %r", modality, exc)
+            spec.unlearned[modality] = type(exc).__name__
             continue
         item, mspec = _probed_spec(out, modality)
+        rule = item_rule_for(hf_processor, modality, item)
+        if rule is not None:
+            made, placed = rule.embed_tokens(item), probe_embed_tokens(out, modality)
+            if made != placed:  # vLLM changed how it counts: every item would be misjudged
+                raise RuntimeError(
+                    f"the {modality} rule of {type(hf_processor).__name__} counts {made} "
+                    f"embedding tokens where vLLM's processor placed {placed}"
+                )
+            mspec = replace(mspec, rule=rule)
         spec.modalities[modality] = mspec
         if modality in _EMBEDS_MODALITIES:
             embeds = _probe_embeds(proc, model_config, modality, item, mspec)
@@ -261,6 +293,12 @@ def _probed_spec(out: Any, modality: str) -> tuple[Any, ModalitySpec]:
     item = item_from_vllm(processed)
     ranges = [placeholder_from_vllm(p) for p in out["mm_placeholders"][modality]]
     return item, modality_spec(item, list(out["prompt_token_ids"]), ranges)
+
+
+def probe_embed_tokens(out: Any, modality: str) -> int:
+    """Embedding tokens in a probe's placeholder ranges for ``modality``."""
+    ranges = [placeholder_from_vllm(p) for p in out["mm_placeholders"][modality]]
+    return sum(r.length if r.is_embed is None else sum(r.is_embed) for r in ranges)
 
 
 def _probe_embeds(

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from tandem_http import MmEmbedsDisabled, TokenOutOfVocabulary, TooManyItems
+from tandem_vllm.item_rules import ItemRuleMismatch
 from tandem_vllm.items import item_to_vllm
 from tandem_vllm.wire_transforms import TransformMismatch
 from tandem_wire import (
@@ -96,6 +97,11 @@ class InputBuilder:
         missing: dict[str, list[str]] = {}
         for modality, hashes in feats.mm_hashes.items():
             if modality not in self.spec.modalities:
+                if modality in self.spec.unlearned:
+                    raise InvalidItem(
+                        f"this node could not learn the model's {modality} items at start-up "
+                        "(see its log)"
+                    )
                 raise InvalidItem(f"this model takes no {modality[:32]!r} input")
             limit = self.mm_limits.get(modality)
             if limit is not None and len(hashes) > limit:
@@ -140,7 +146,9 @@ class InputBuilder:
             wire, rebuilt = self.spec.wire_transforms.decode_item(wire)
         except TransformMismatch as exc:
             raise InvalidItem(f"{modality} item: {exc}") from None
-        wire = rebind(wire, self._spec_of(wire, modality), modality)
+        spec = self._spec_of(wire, modality)
+        wire = rebind(wire, spec, modality)
+        expected_embeds(wire, spec, modality)  # the model's rule, once, before the store
         data = memoryview(entry)
         return StoredItem(
             # Of the bytes as sent, transform declaration included: what the sender names.
@@ -183,7 +191,7 @@ class InputBuilder:
             raise InvalidPlaceholders(
                 f"{modality} range at {p.offset} holds no {modality} placeholder token"
             )
-        expected = expected_embeds(wire, spec)
+        expected = expected_embeds(wire, spec, modality)
         if expected is not None and expected != n_embed:
             raise InvalidPlaceholders(
                 f"{modality} range at {p.offset} has {n_embed} placeholder tokens but the "
@@ -194,7 +202,14 @@ class InputBuilder:
         return PlaceholderRange(offset=p.offset, length=p.length, is_embed=is_embed)
 
 
-def expected_embeds(wire: KwargsItem, spec: ModalitySpec) -> int | None:
+def expected_embeds(wire: KwargsItem, spec: ModalitySpec, modality: str) -> int | None:
+    """The embedding tokens the model makes of the item; None where only the placeholder
+    token itself says (no grid, no rule). InvalidItem when the model's rule refuses it."""
+    if spec.rule is not None:
+        try:
+            return spec.rule.embed_tokens(wire)
+        except ItemRuleMismatch as exc:
+            raise InvalidItem(f"{modality} item: {exc}") from None
     if spec.grid_key is None or spec.grid_cells_per_token is None:
         return None
     grid = wire[spec.grid_key].data

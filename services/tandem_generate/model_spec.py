@@ -1,9 +1,11 @@
 """What this model's processor produces, learned once at start-up (never on the request path).
 
-A synthetic image (and video, where supported) goes through vLLM's processor when the service
-starts; the items it yields fix, per modality, the keys, dtypes, ranks and field layouts a
-caller's item must have, the placeholder token, and how a grid maps to a token count. The
-processor also fixes which wire transforms items may arrive in.
+A synthetic image, video and audio clip (those the model takes) go through vLLM's processor
+when the service starts; the items it yields fix, per modality, the keys, dtypes, ranks and
+field layouts a caller's item must have, the placeholder token, and how a grid maps to a token
+count. The processor also fixes which wire transforms items may arrive in, and the model's item
+rule where it has one (``tandem_vllm.item_rules``: e.g. an audio window's shape and token
+count).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tandem_vllm.item_rules import ItemRule
 from tandem_vllm.wire_transforms import WireTransforms
 from tandem_wire import BatchedLayout, FieldLayout, FlatLayout, SharedLayout
 
@@ -51,6 +54,8 @@ class ModalitySpec:
     embeds_key: str | None = None
     """For the embedding form of a modality: the key holding the embeddings, which may arrive
     in any float dtype the engine casts from (``EMBED_DTYPES``) and is cast to the model's."""
+    rule: ItemRule | None = None
+    """The model's own rule for these items (shapes the encoder needs, embedding tokens)."""
 
 
 @dataclass
@@ -58,6 +63,8 @@ class ModelSpec:
     """Per modality specs, plus what the prompt side needs."""
 
     modalities: dict[str, ModalitySpec] = field(default_factory=dict)
+    unlearned: dict[str, str] = field(default_factory=dict)
+    """Modalities the model takes whose probe failed at start-up -> the error's type name."""
     wire_transforms: WireTransforms = field(default_factory=WireTransforms)
     """The wire transforms this model's processor has (undone before items are checked)."""
     embeds: dict[str, ModalitySpec] = field(default_factory=dict)

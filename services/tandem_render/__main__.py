@@ -85,6 +85,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         help=f"most videos in one prompt (default: {RenderSettings.max_videos_per_prompt})",
     )
     p.add_argument(
+        "--max-audios-per-prompt",
+        type=int,
+        help=f"most audio clips in one prompt (default: {RenderSettings.max_audios_per_prompt})",
+    )
+    p.add_argument(
         "--max-pending",
         type=int,
         help="requests a worker holds at once before answering 429 "
@@ -181,7 +186,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     p.add_argument(
         "--max-media-bytes",
         type=int,
-        help="largest encoded image or video, in bytes "
+        help="largest encoded image, video or audio clip, in bytes "
         f"(default: {RenderSettings.max_media_bytes})",
     )
     p.add_argument(
@@ -206,6 +211,24 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         type=int,
         help="most bytes of decoded frames one video may take "
         f"(default: {RenderSettings.max_decoded_video_bytes})",
+    )
+    p.add_argument(
+        "--max-audio-seconds",
+        type=float,
+        help="longest audio clip, checked from its header "
+        f"(default: {RenderSettings.max_audio_seconds})",
+    )
+    p.add_argument(
+        "--max-audio-sample-rate",
+        type=int,
+        help="highest audio sample rate in Hz, checked from its header "
+        f"(default: {RenderSettings.max_audio_sample_rate})",
+    )
+    p.add_argument(
+        "--max-decoded-audio-bytes",
+        type=int,
+        help="most bytes one audio clip may decode to (float32, every channel) "
+        f"(default: {RenderSettings.max_decoded_audio_bytes})",
     )
     args = vars(p.parse_args(argv))
     args["served_model_name"] = tuple(args["served_model_name"] or ())

@@ -8,19 +8,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import blake3
+import numpy as np
 from vllm import envs
-from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
+from vllm.multimodal.audio import resample_audio_scipy
+from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, AudioMediaIO, MediaConnector
+from vllm.multimodal.media.audio import load_audio
 from vllm.multimodal.media.connector import global_thread_pool
 
 from tandem_vllm.items import numpy_to_tensor
 
 from .caches import DecodedCache
 from .errors import InvalidImage, MediaError, MediaSchemeNotAllowed, MediaTooLarge
+from .media import AudioDecoding
 from .prepare import MEDIA_URL_PREFIX
 from .render_call import current
 
 __all__ = [
     "CONNECTOR_NAME",
+    "decode_audio",
     "VideoLimits",
     "check_video_bytes",
     "DecodedCache",
@@ -42,6 +47,8 @@ def decoded_size(media: Any) -> int:
         w, h = inner.size
         bands: int = len(inner.getbands())
         return int(w) * int(h) * bands + original
+    if isinstance(inner, tuple):  # audio: (waveform, rate); video: (frames, metadata)
+        return sum(int(getattr(part, "nbytes", 0)) for part in inner) + original
     nbytes: int = getattr(inner, "nbytes", 0)
     return nbytes + original
 
@@ -94,7 +101,38 @@ def check_video_bytes(data: bytes, limits: VideoLimits, sampled_frames: int) -> 
             raise MediaTooLarge(f"the video has {value:.0f} {what}, more than {bound}")
 
 
-def _lookup(url: str) -> tuple[bytes, DecodedCache | None]:
+def decode_audio(media_io: Any, data: bytes, how: AudioDecoding) -> tuple[np.ndarray, int]:
+    """vLLM's audio decode of ``data`` (libsndfile unless the operator chose another backend),
+    bounded by ``how.limits``, at the model's sample rate.
+
+    The resampling is vLLM's own scipy method. vLLM's default (torchaudio) has no build for
+    the torch this project runs, where vLLM refuses any clip not already at the model's rate;
+    resampling here also makes every render node resample alike, whatever is installed.
+    """
+    try:
+        audio, rate = load_audio(
+            io.BytesIO(data),
+            sr=None,
+            max_duration_s=how.limits.max_seconds,
+            max_decode_bytes=how.limits.max_decoded_bytes,
+            backend=media_io.audio_backend or "soundfile",
+        )
+    except ValueError as exc:
+        # vLLM raises ValueError for both; only its limit messages say "exceed(s/ed/ing)".
+        if "exceed" in str(exc):
+            raise MediaTooLarge(
+                "the audio decodes past its header's length or the decoded-size limit"
+            ) from None
+        raise MediaError("could not decode the audio") from None
+    except (RuntimeError, OSError, EOFError):  # libsndfile's errors on corrupt streams
+        raise MediaError("could not decode the audio") from None
+    if how.sample_rate is not None and int(rate) != how.sample_rate:
+        audio = resample_audio_scipy(audio, orig_sr=rate, target_sr=how.sample_rate)
+        rate = how.sample_rate
+    return np.asarray(audio, dtype=np.float32), int(rate)
+
+
+def _lookup(url: str) -> tuple[bytes, DecodedCache | None, AudioDecoding | None]:
     # Defence in depth: the walker rewrote every media URL, so anything else reaching vLLM
     # (a URL smuggled through a field we do not walk) is refused, never fetched. vLLM builds
     # this connector itself, so the request's media arrive through its RenderCall.
@@ -102,7 +140,7 @@ def _lookup(url: str) -> tuple[bytes, DecodedCache | None]:
     data = call.media.get(url) if call is not None and url.startswith(MEDIA_URL_PREFIX) else None
     if data is None or call is None:
         raise MediaSchemeNotAllowed("media must come from a supported content part")
-    return data, call.decoded
+    return data, call.decoded, call.audio
 
 
 def _lookup_embeds(token: str) -> Any:
@@ -115,19 +153,31 @@ def _lookup_embeds(token: str) -> Any:
     return numpy_to_tensor(tensor)
 
 
-def decode_media(media_io: Any, data: bytes, decoded: DecodedCache | None = None) -> Any:
-    """vLLM's decode of ``data`` (what it hashes and processes), through the cache if given."""
+def decode_media(
+    media_io: Any,
+    data: bytes,
+    decoded: DecodedCache | None = None,
+    audio: AudioDecoding | None = None,
+) -> Any:
+    """vLLM's decode of ``data`` (what it hashes and processes), through the cache if given;
+    audio as ``audio`` says when given."""
+    is_audio = audio is not None and isinstance(media_io, AudioMediaIO)
     key = None
     if decoded is not None:
         settings = repr(sorted((k, repr(v)) for k, v in vars(media_io).items()))
+        if is_audio:
+            settings += repr(audio)
         key = (type(media_io).__name__ + settings, blake3.blake3(data).hexdigest())
         hit = decoded.get(key)
         if hit is not None:
             return hit
-    try:
-        media = media_io.load_bytes(data)
-    except (ValueError, OSError) as exc:
-        raise InvalidImage(f"could not decode media: {str(exc)[:120]}") from None
+    if is_audio and audio is not None:
+        media: Any = decode_audio(media_io, data, audio)
+    else:
+        try:
+            media = media_io.load_bytes(data)
+        except (ValueError, OSError) as exc:
+            raise InvalidImage(f"could not decode media: {str(exc)[:120]}") from None
     if key is not None and decoded is not None:
         decoded.put(key, media)
     return media
@@ -142,11 +192,13 @@ class PrefetchedMediaConnector(MediaConnector):
     async def load_from_url_async(
         self, url: str, media_io: Any, *, fetch_timeout: int | None = None
     ) -> Any:
-        data, decoded = _lookup(url)
+        data, decoded, audio = _lookup(url)
         if _INLINE:
-            return decode_media(media_io, data, decoded)
+            return decode_media(media_io, data, decoded, audio)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(global_thread_pool, decode_media, media_io, data, decoded)
+        return await loop.run_in_executor(
+            global_thread_pool, decode_media, media_io, data, decoded, audio
+        )
 
     # Every embedding fetch serves only the request's checked tensors (none of them loads).
     def fetch_image_embedding(self, data: str) -> Any:

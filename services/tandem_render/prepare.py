@@ -7,6 +7,7 @@ megabyte data URL through pydantic.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,9 +43,20 @@ MEDIA_URL_PREFIX = "tandem-media:"
 # in-process callers only. Embedding parts are decoded here (safetensors; vLLM's own reader
 # would torch.load() caller bytes) and reach vLLM only as tokens naming checked tensors.
 _TEXT_PARTS = frozenset({"text", "input_text", "refusal", "thinking"})
-_MEDIA_PARTS = {"image_url": "image", "video_url": "video", "image": "image", "video": "video"}
-_BYTES_PARTS = {"image_bytes": "image", "video_bytes": "video"}
+_MEDIA_PARTS = {
+    "image_url": "image",
+    "video_url": "video",
+    "audio_url": "audio",
+    "image": "image",
+    "video": "video",
+    "audio": "audio",
+}
+_BYTES_PARTS = {"image_bytes": "image", "video_bytes": "video", "audio_bytes": "audio"}
 _EMBEDS_PARTS = {"image_embeds": "image"}
+_URL_PARTS = {"image": "image_url", "video": "video_url", "audio": "audio_url"}
+"""The part each modality is handed to vLLM as (its URL names the prefetched bytes)."""
+_AUDIO_FORMAT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,15}")
+"""An ``input_audio`` format: it becomes a data URL's media type, as vLLM builds it."""
 
 
 _FPS_BOUND = 240
@@ -79,6 +91,8 @@ class RequestLimits:
     """Largest ``min_pixels`` / ``max_pixels`` a request may ask for."""
     max_kwargs_frames: int = 768
     """Largest ``num_frames`` a request may ask for."""
+    max_audios: int = 4
+    """Most audio clips in one prompt."""
     pixels_per_token: int | None = None
     """From the processor: lets ``min_pixels`` be checked against the context before work."""
     max_model_len: int | None = None
@@ -100,6 +114,7 @@ class RequestLimits:
         max_kwargs_frames: int | None = None,
         max_image_pixels: int,
         enable_mm_embeds: bool = False,
+        max_audios: int = 4,
     ) -> RequestLimits:
         """Operator bounds where given, else the model's own: a request can ask for less work
         than the model's defaults, never more."""
@@ -107,6 +122,7 @@ class RequestLimits:
         return cls(
             max_images=max_images,
             max_videos=max_videos,
+            max_audios=max_audios,
             mm_kwargs_allowlist=allowlist,
             max_kwargs_pixels=min(pixels, max_image_pixels),
             max_kwargs_frames=max_kwargs_frames or facts.max_frames or 768,
@@ -170,12 +186,31 @@ def _media_ref(counter: list[int], modality: str, source: Any, where: str) -> Me
 
 
 def _check_counts(refs: Sequence[MediaRef | EmbedsRef], limits: RequestLimits) -> None:
-    images = sum(r.modality == "image" for r in refs)
-    videos = sum(r.modality == "video" for r in refs)
-    if images > limits.max_images:
-        raise TooManyItems(f"{images} images in one prompt; the limit is {limits.max_images}")
-    if videos > limits.max_videos:
-        raise TooManyItems(f"{videos} videos in one prompt; the limit is {limits.max_videos}")
+    for modality, noun, limit in (
+        ("image", "images", limits.max_images),
+        ("video", "videos", limits.max_videos),
+        ("audio", "audio clips", limits.max_audios),
+    ):
+        count = sum(r.modality == modality for r in refs)
+        if count > limit:
+            raise TooManyItems(f"{count} {noun} in one prompt; the limit is {limit}")
+
+
+def _input_audio_ref(counter: list[int], source: Any, where: str) -> MediaRef:
+    """An ``input_audio`` part's ``{data, format}``, as the data URL vLLM itself makes of it."""
+    if not isinstance(source, dict):
+        raise BadRequest(
+            f"{where}.input_audio must be an object with data and format", param="messages"
+        )
+    data, fmt = source.get("data"), source.get("format")
+    if not isinstance(data, str) or not data:
+        raise BadRequest(f"{where}.input_audio.data must be base64 text", param="messages")
+    if not isinstance(fmt, str) or not _AUDIO_FORMAT.fullmatch(fmt):
+        raise BadRequest(
+            f"{where}.input_audio.format must be a short name such as wav or mp3",
+            param="messages",
+        )
+    return _media_ref(counter, "audio", f"data:audio/{fmt.lower()};base64,{data}", where)
 
 
 def _check_common(body: Mapping[str, Any], limits: RequestLimits) -> None:
@@ -291,6 +326,9 @@ def _screen_part(
     if kind in _MEDIA_PARTS:
         modality = _MEDIA_PARTS[kind]
         ref = _media_ref(counter, modality, part.get(kind), where)
+    elif kind == "input_audio":
+        modality = "audio"
+        ref = _input_audio_ref(counter, part.get(kind), where)
     elif kind in _BYTES_PARTS:
         modality = _BYTES_PARTS[kind]
         ref = _media_ref(counter, modality, part.get(kind), where)
@@ -300,7 +338,7 @@ def _screen_part(
         shown = str(kind)[:40]
         raise BadRequest(f"{where}: content part type {shown!r} is not supported")
     refs.append(ref)
-    url_key = "image_url" if modality == "image" else "video_url"
+    url_key = _URL_PARTS[modality]
     return {"type": url_key, url_key: {"url": ref.token}}
 
 

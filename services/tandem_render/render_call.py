@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .caches import DecodedCache
+from .media import AudioDecoding
 
 __all__ = ["RenderCall", "bound", "current"]
 
@@ -41,6 +42,9 @@ class RenderCall:
 
     decoded: DecodedCache | None = None
     """Where the connector keeps decoded media across requests, if anywhere."""
+
+    audio: AudioDecoding | None = None
+    """How the connector decodes audio clips (limits, the model's sample rate)."""
 
     prompt_media: PromptMedia | None = None
     """Completions only: images per prompt, which upstream's completion renderer lacks."""

@@ -72,6 +72,7 @@ class RenderService:
         self.limits = RequestLimits.build(
             max_images=settings.max_images_per_prompt,
             max_videos=settings.max_videos_per_prompt,
+            max_audios=settings.max_audios_per_prompt,
             allowlist=frozenset(settings.mm_processor_kwargs_allowlist),
             facts=renderer.processor_facts,
             max_model_len=renderer.max_model_len,
@@ -173,6 +174,8 @@ class RenderService:
             self.loader.check_image_bytes(data)
         elif ref.modality == "video":
             self.renderer.check_video_bytes(data)
+        elif ref.modality == "audio":
+            self.loader.check_audio_bytes(data)
         self.metrics.media_bytes.inc(len(data))
         return data
 

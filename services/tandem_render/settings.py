@@ -69,6 +69,9 @@ class RenderSettings:
     max_videos_per_prompt: int = 1
     """Most videos in one prompt."""
 
+    max_audios_per_prompt: int = 4
+    """Most audio clips in one prompt."""
+
     max_pending: int = 64
     """Requests a worker holds at once (rendering or waiting) before answering 429."""
 
@@ -126,7 +129,7 @@ class RenderSettings:
     """Timeout of one remote media fetch, in seconds."""
 
     max_media_bytes: int = 32 * 1024 * 1024
-    """Largest media object (encoded image or video), in bytes."""
+    """Largest media object (encoded image, video or audio clip), in bytes."""
 
     max_image_pixels: int = 64 * 1024 * 1024
     """Largest declared image (width x height), checked before decoding."""
@@ -139,6 +142,16 @@ class RenderSettings:
 
     max_decoded_video_bytes: int = 1024 * 1024 * 1024
     """Most bytes of decoded frames (RGB) one video may take."""
+
+    max_audio_seconds: float = 600.0
+    """Longest audio clip, from its header; the decoder enforces it again (vLLM's default)."""
+
+    max_audio_sample_rate: int = 192_000
+    """Highest audio sample rate in Hz, from the header (clips are resampled to the model's)."""
+
+    max_decoded_audio_bytes: int = 256 * 1024 * 1024
+    """Most bytes one clip decodes to (float32, every channel), from the header; the decoder
+    enforces it again (vLLM's default)."""
 
     def cache_budget_bytes(self) -> int:
         """What this worker's caches hold when full (vLLM's processor cache included)."""
@@ -160,6 +173,9 @@ class RenderSettings:
             fetch_timeout_s=self.media_fetch_timeout_s,
             max_media_bytes=self.max_media_bytes,
             max_image_pixels=self.max_image_pixels,
+            max_audio_seconds=self.max_audio_seconds,
+            max_audio_sample_rate=self.max_audio_sample_rate,
+            max_decoded_audio_bytes=self.max_decoded_audio_bytes,
         )
 
     def to_json(self) -> str:

@@ -41,6 +41,7 @@ from tandem_wire import GenerateRequest, TandemHTTPError
 
 from .embeds import EmbedsSpec
 from .inline import InlineExecutor
+from .media import AudioDecoding
 from .media_connector import (
     DecodedCache,
     VideoLimits,
@@ -120,6 +121,7 @@ class EngineRenderer:
             limit_mm_per_prompt={
                 "image": settings.max_images_per_prompt,
                 "video": settings.max_videos_per_prompt,
+                "audio": settings.max_audios_per_prompt,
             },
             mm_processor_cache_gb=settings.mm_processor_cache_gb,
             # vLLM's own gate for embedding inputs stays open: ours is in prepare.py
@@ -174,6 +176,10 @@ class EngineRenderer:
         video_io = mm_config.media_io_kwargs.get("video", {}) if mm_config else {}
         default_frames = VideoMediaIO(ImageMediaIO()).num_frames
         self._video_frames = int(video_io.get("num_frames", default_frames))
+        self.audio_decoding = AudioDecoding(
+            limits=settings.media_policy().audio_limits,
+            sample_rate=_audio_sample_rate(mm_processor),
+        )
 
     def load_image(self, data: bytes, decoded: DecodedCache | None = None) -> Any:
         """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
@@ -202,7 +208,9 @@ class EngineRenderer:
     ) -> GenerateRequest[bytes | None]:
         """``embeds``: token -> tensor of the request's checked embedding parts (prepare.py)."""
         request = _validate(ChatCompletionRequest, body)
-        call = RenderCall(media=media, embeds=embeds or {}, decoded=decoded)
+        call = RenderCall(
+            media=media, embeds=embeds or {}, decoded=decoded, audio=self.audio_decoding
+        )
         result = await _in_call(call, self.serving.render_chat_request(request))
         return self._to_wire(result, call.captured[0], encode)
 
@@ -284,6 +292,15 @@ def _embeds_specs(mm_processor: Any, model_config: Any, merge: Any) -> dict[str,
         max_rows=int(model_config.max_model_len),
     )
     return {"image": spec}
+
+
+def _audio_sample_rate(mm_processor: Any) -> int | None:
+    """The rate the model's audio feature extractor takes (Whisper-style processors)."""
+    if mm_processor is None:
+        return None
+    extractor = getattr(mm_processor.info.get_hf_processor(), "feature_extractor", None)
+    rate = getattr(extractor, "sampling_rate", None)
+    return rate if isinstance(rate, int) and rate > 0 else None
 
 
 def _run_inline(renderer: Any) -> None:

@@ -172,6 +172,12 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         "generate",
         "tandem_vllm.sampling.default_max_tokens: what an absent max_tokens means upstream",
     ),
+    UpstreamName(
+        "vllm.model_executor.models.qwen2_audio:_get_feat_extract_output_lengths",
+        ("input_lengths",),
+        "generate",
+        "tandem_vllm.item_rules.WhisperFeatures: embedding tokens of a Qwen2-Audio item",
+    ),
     # Front door: logprob token texts exactly as vLLM's engine writes them.
     UpstreamName(
         "vllm.v1.engine.logprobs:LogprobsProcessor._verify_tokens",

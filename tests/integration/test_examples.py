@@ -38,6 +38,22 @@ def test_example_mm_serve(fleet):
     assert "generated token ids: [" in done.stderr and done.stdout.strip()
 
 
+def test_example_mm_serve_with_a_video(fleet):
+    _, urls = fleet
+    done = run(
+        "examples/example_mm_serve.py",
+        "--media",
+        "video",
+        "--render-url",
+        urls["render"],
+        "--generate-url",
+        urls["generate"],
+        "--max-tokens",
+        "6",
+    )
+    assert "video at {" in done.stderr and "generated token ids: [" in done.stderr
+
+
 def test_example_mm_serve_works_against_upstream_too(fleet):
     _, urls = fleet
     run(

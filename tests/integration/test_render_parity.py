@@ -17,6 +17,7 @@ from tandem_wire import WireFormat, decode_generate_request, decode_item_b64
 from tools.servers import tandem_render, upstream_render
 from tools.tiny_models import ensure_model
 
+from ..support.audio import audio_bytes, audio_chat, audio_url_part, input_audio_part
 from ..support.images import chat_body, data_url, mp4_bytes, png_bytes
 from ..support.items import assert_nested_equal
 
@@ -90,7 +91,11 @@ def assert_same_features(ours: dict, theirs: dict, token_ids: list[int], model: 
     assert sorted(ours) == sorted(theirs)
     assert ours["mm_hashes"] == theirs["mm_hashes"]
     config = json.loads((Path(model) / "config.json").read_text())
-    embedding_token = {"image": config["image_token_id"], "video": config["video_token_id"]}
+    embedding_token = {
+        "image": config.get("image_token_id"),
+        "video": config.get("video_token_id"),
+        "audio": config.get("audio_token_index"),
+    }
     assert sorted(ours["mm_placeholders"]) == sorted(theirs["mm_placeholders"])
     for modality, ranges in theirs["mm_placeholders"].items():
         for mine, upstream in zip(ours["mm_placeholders"][modality], ranges, strict=True):
@@ -226,3 +231,31 @@ def test_our_binary_answer_carries_the_same_items(servers):
     binary = msgspec.to_builtins(decode_generate_request(r.content, WireFormat.MSGPACK))
     assert {**binary, "request_id": None} == {**json.loads(as_json), "request_id": None}
     assert len(r.content) < len(as_json) * 0.8  # no base64
+
+
+@pytest.fixture(scope="module")
+def audio_servers():
+    """Upstream's and our render on the tiny Qwen2-Audio (no engine: render only)."""
+    model = str(ensure_model("qwen2-audio"))
+    upstream, ours = upstream_render(model), tandem_render(model)
+    try:
+        upstream.wait_healthy()
+        ours.wait_healthy()
+        yield model, upstream.url, ours.url
+    finally:
+        upstream.stop()
+        ours.stop()
+
+
+def test_audio_render_matches_upstream(audio_servers):
+    # Clips at the model's rate (16 kHz), where vLLM's own render needs no resampler.
+    model, upstream, ours = audio_servers
+    parts = [
+        input_audio_part(audio_bytes(2.0, seed=11)),
+        audio_url_part(data_url(audio_bytes(1.0, seed=12, fmt="FLAC"), "audio/flac")),
+    ]
+    body = audio_chat(model, parts, max_tokens=5, cache_salt=SALT)
+    path = "/v1/chat/completions/render"
+    mine = post_json(ours, path, body)
+    assert_same_request(mine, post_json(upstream, path, body), model)
+    assert [p["length"] for p in mine["features"]["mm_placeholders"]["audio"]] == [50, 25]

@@ -13,7 +13,13 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from tools import tiny_models  # noqa: E402
-from tools.tiny_models import MODELS, build_model, ensure_model  # noqa: E402
+from tools.tiny_models import (  # noqa: E402
+    AUDIO_MODELS,
+    MODELS,
+    VISION_MODELS,
+    build_model,
+    ensure_model,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -46,19 +52,26 @@ def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tiny-models")
 
 
-@pytest.fixture(scope="session", params=MODELS)
+@pytest.fixture(scope="session", params=VISION_MODELS)
 def model_dir(request: pytest.FixtureRequest, models_root: Path) -> Path:
     return ensure_model(request.param, models_root)
 
 
+@pytest.fixture(scope="session")
+def audio_dir(models_root: Path) -> Path:
+    return ensure_model("qwen2-audio", models_root)
+
+
 def test_models_listed() -> None:
-    assert {"qwen2-vl", "qwen3-vl"} <= set(MODELS)
-    assert set(EXPECTED_IMAGE_TOKENS) == set(MODELS)
+    assert {"qwen2-vl", "qwen3-vl", "qwen2-audio"} <= set(MODELS)
+    assert set(EXPECTED_IMAGE_TOKENS) == set(VISION_MODELS)
+    assert AUDIO_MODELS == ("qwen2-audio",)
 
 
-def test_build_is_byte_identical(tmp_path: Path) -> None:
-    build_model("qwen2-vl", tmp_path / "a")
-    build_model("qwen2-vl", tmp_path / "b")
+@pytest.mark.parametrize("name", ["qwen2-vl", "qwen2-audio"])
+def test_build_is_byte_identical(tmp_path: Path, name: str) -> None:
+    build_model(name, tmp_path / "a")
+    build_model(name, tmp_path / "b")
     a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(a)
     assert sorted(a) == sorted(b)
@@ -185,3 +198,64 @@ def test_vllm_processor_loads_offline_and_places_image(model_dir: Path, vllm_pro
     # vLLM's expansion matches the transformers processor token for token.
     hf = AutoProcessor.from_pretrained(model_dir)(text=[text], images=[_image()])
     assert ids == list(hf["input_ids"][0])
+
+
+# One second of audio at 16 kHz: 100 mel frames, halved twice by the encoder (vLLM's formula).
+AUDIO_SECONDS, EXPECTED_AUDIO_TOKENS = 1.0, 25
+
+
+def _audio():  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    t = np.arange(int(16_000 * AUDIO_SECONDS)) / 16_000
+    return (0.5 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
+
+
+AUDIO_MESSAGES = [
+    {"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "What is it?"}]}
+]
+
+
+def test_transformers_loads_audio_model_processes_and_generates(audio_dir: Path) -> None:
+    from transformers import AutoModelForMultimodalLM, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(audio_dir)
+    tokenizer = processor.tokenizer
+    model = AutoModelForMultimodalLM.from_pretrained(audio_dir).eval()
+    config = model.config
+    assert type(model).__name__ == "Qwen2AudioForConditionalGeneration"
+    assert tokenizer.convert_tokens_to_ids("<|AUDIO|>") == config.audio_token_index
+    assert processor.feature_extractor.sampling_rate == 16_000
+
+    text = processor.apply_chat_template(AUDIO_MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert "Audio 1: <|audio_bos|><|AUDIO|><|audio_eos|>\nWhat is it?" in text
+    inputs = processor(text=[text], audio=[_audio()], sampling_rate=16_000, return_tensors="pt")
+    assert int((inputs["input_ids"] == config.audio_token_index).sum()) == EXPECTED_AUDIO_TOKENS
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    new = out[0, inputs["input_ids"].shape[1] :]
+    assert 1 <= new.numel() <= 3
+    assert int(new.max()) < config.get_text_config().vocab_size
+
+
+@pytest.mark.vllm
+def test_vllm_processor_places_audio_as_transformers_does(audio_dir: Path) -> None:
+    from transformers import AutoProcessor
+    from vllm.config import ModelConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+    proc = MULTIMODAL_REGISTRY.create_processor(
+        ModelConfig(model=str(audio_dir), max_model_len=4096, enforce_eager=True)
+    )
+    tokenizer = proc.info.get_tokenizer()
+    text = tokenizer.apply_chat_template(AUDIO_MESSAGES, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    items = proc.info.parse_mm_data({"audio": [(_audio(), 16_000)]})
+    result = proc.apply(ProcessorInputs(prompt, items), TimingContext(enabled=False))
+    (placeholder,) = result["mm_placeholders"]["audio"]
+    assert placeholder.length == EXPECTED_AUDIO_TOKENS
+    hf = AutoProcessor.from_pretrained(audio_dir)(
+        text=[text], audio=[_audio()], sampling_rate=16_000
+    )
+    assert result["prompt_token_ids"] == list(hf["input_ids"][0])

@@ -1,4 +1,5 @@
-"""MediaLoader: the bytes behind a media URL, by scheme, under one policy; image checks."""
+"""MediaLoader: the bytes behind a media URL, by scheme, under one policy; image and audio
+checks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import httpx
 from PIL import Image
 
 from ..errors import MediaSchemeNotAllowed
+from .audio import AudioHeader, check_audio_bytes
 from .checks import check_image_bytes, open_image
 from .fetch import HttpFetcher, Resolver
 from .policy import MediaPolicy
@@ -66,6 +68,10 @@ class MediaLoader:
     def check_image_bytes(self, data: bytes) -> tuple[int, int]:
         """``(width, height)`` from the header alone, with the same checks as :meth:`open_image`."""
         return check_image_bytes(data, self.policy.max_image_pixels)
+
+    def check_audio_bytes(self, data: bytes) -> AudioHeader:
+        """The audio's header, refusing out-of-bounds clips before any sample is decoded."""
+        return check_audio_bytes(data, self.policy.audio_limits)
 
 
 def _split_scheme(url: str) -> str:

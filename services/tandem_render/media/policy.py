@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .audio import AudioLimits
+
 __all__ = ["MediaPolicy"]
 
 
@@ -33,5 +35,19 @@ class MediaPolicy:
     """Redirects followed per http(s) load; more is a fetch failure."""
     max_image_pixels: int = 64 * 1024 * 1024
     """Largest image accepted, as width * height, checked from the header before decoding."""
+    max_audio_seconds: float = 600.0
+    """Longest audio clip, from its header's frame count and sample rate."""
+    max_audio_sample_rate: int = 192_000
+    """Highest audio sample rate in Hz (resampling cost grows with it)."""
+    max_decoded_audio_bytes: int = 256 * 1024 * 1024
+    """Largest decoded audio (every channel, float32), from the header."""
     user_agent: str = "tandem-render"
     """User-Agent sent with http(s) requests."""
+
+    @property
+    def audio_limits(self) -> AudioLimits:
+        return AudioLimits(
+            max_seconds=self.max_audio_seconds,
+            max_sample_rate=self.max_audio_sample_rate,
+            max_decoded_bytes=self.max_decoded_audio_bytes,
+        )

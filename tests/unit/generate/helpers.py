@@ -53,6 +53,20 @@ async def render(
     return await service.render_chat(body, WireFormat.JSON, transforms)
 
 
+async def render_body(
+    renderer, model: str, body: dict, *, transforms: frozenset[str] = frozenset(), **settings
+) -> GenerateRequest:
+    """What our render service answers for any chat ``body`` (in-process), its wire
+    ``transforms`` applied as a binary answer would have them."""
+    from prometheus_client import CollectorRegistry
+
+    rs = replace(RenderSettings(model=model, pretouch_cache_memory=False), **settings)
+    service = RenderService(
+        rs, renderer, MediaLoader(rs.media_policy()), RenderMetrics.create(CollectorRegistry())
+    )
+    return await service.render_chat(msgspec.json.encode(body), WireFormat.JSON, transforms)
+
+
 def with_sampling(req: GenerateRequest, **fields) -> GenerateRequest:
     return msgspec.structs.replace(req, sampling_params={**req.sampling_params, **fields})
 
@@ -78,6 +92,7 @@ __all__ = [
     "generate_app",
     "post",
     "render",
+    "render_body",
     "tokens",
     "with_sampling",
     "png_bytes",
