@@ -127,6 +127,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         help="keep freed memory and fault in the cache budgets at start-up (default: on)",
     )
     p.add_argument(
+        "--answer-zstd-level",
+        type=int,
+        help="zstd level of binary answers to callers whose Accept-Encoding names zstd; 0 never "
+        f"compresses (default: {RenderSettings.answer_zstd_level})",
+    )
+    p.add_argument(
         "--mm-processor-kwargs-allowlist",
         nargs="*",
         help="keys a request may set in `mm_processor_kwargs` (default: "

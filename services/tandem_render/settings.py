@@ -94,6 +94,10 @@ class RenderSettings:
     filling the caches does not make first-seen requests pay for fresh pages (measured:
     ~3 ms of CPU per first-seen image on our VMs)."""
 
+    answer_zstd_level: int = 1
+    """zstd level of binary (msgpack) answers to callers whose ``Accept-Encoding`` names zstd;
+    0 never compresses. JSON answers are never compressed (they stay upstream's bytes)."""
+
     mm_processor_kwargs_allowlist: tuple[str, ...] = DEFAULT_MM_KWARGS_ALLOWLIST
     """Keys a request may set in ``mm_processor_kwargs``."""
 
