@@ -13,6 +13,7 @@ export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 export TANDEM_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 MODEL ?=
 RENDER_PORT ?= 8100
@@ -22,7 +23,7 @@ FRONT_PORT ?= 8000
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit fuzz soak lint format bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
+.PHONY: help setup models test test-unit fuzz soak lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + generate + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
@@ -33,6 +34,7 @@ help:
 	@echo "make fuzz        the fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000; TANDEM_SCHEMA_FUZZ_COUNT schemathesis examples per operation, 200)"
 	@echo "make soak        render + generate + front door under saturating mixed load (SOAK_SECONDS, 300); plot in .cache/soak"
 	@echo "make models      build the tiny test models into .cache/models"
+	@echo "make bench       the end-to-end report (under 20 min): every comparison side by side -> docs/bench"
 	@echo "make bench-wire  wire codec throughput and bytes: ours (JSON, binary, elided) vs vLLM's serde"
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make bench-generate  render->generate vs upstream's pair and monolithic server (API CPU/request)"
@@ -74,6 +76,11 @@ fuzz: setup
 # The soak's long form (CI runs a minute of it inside `make test`).
 soak: setup
 	$(PY) -m tools.soak --seconds $${SOAK_SECONDS:-300}
+
+# The report: payload, render, generate, rollout and scaling, ours beside upstream's servers
+# started here; writes docs/bench/report.md, report.json and the PNG plots.
+bench: setup models
+	$(PY) -m tools.bench_report $(BENCH_ARGS)
 
 bench-wire: setup
 	$(PY) -m tools.bench_wire

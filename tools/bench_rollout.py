@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -59,7 +60,8 @@ class RolloutRun:
 
 
 class CountingTransport(httpx.AsyncBaseTransport):
-    """Counts request and response body bytes on the way through."""
+    """Counts request and response body bytes on the way through, as they are on the wire
+    (compressed ones compressed: the answer is passed on as it came)."""
 
     def __init__(self) -> None:
         self.inner = httpx.AsyncHTTPTransport()
@@ -70,10 +72,14 @@ class CountingTransport(httpx.AsyncBaseTransport):
         body = await request.aread()
         self.sent += len(body)
         response = await self.inner.handle_async_request(request)
-        content = await response.aread()
+        content = b"".join([chunk async for chunk in response.aiter_raw()])
+        await response.aclose()
         self.received += len(content)
         return httpx.Response(
-            response.status_code, headers=response.headers, content=content, request=request
+            response.status_code,
+            headers=response.headers,
+            stream=httpx.ByteStream(content),
+            request=request,
         )
 
     async def aclose(self) -> None:
@@ -81,12 +87,14 @@ class CountingTransport(httpx.AsyncBaseTransport):
 
 
 def cpu_seconds(servers: dict[str, ServerProcess]) -> dict[str, float]:
-    """CPU of each server's API process (render: with its worker processes; not engine cores)."""
+    """CPU of each server's API process (with its worker processes; a generate server's
+    children are its engine core and workers, which do the same work on every path: not
+    counted)."""
     out = {}
     for name, server in servers.items():
         proc = psutil.Process(server.proc.pid)
         procs = [proc]
-        if "render" in name:
+        if name != "generate":
             procs += proc.children(recursive=True)
         out[name] = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
     return out
@@ -136,7 +144,11 @@ async def _measure(
 
 
 def ours(
-    model: str, render: ServerProcess, generate: ServerProcess, ids: list[int]
+    model: str,
+    render: ServerProcess,
+    generate: ServerProcess,
+    ids: list[int],
+    compression: str | None = None,
 ) -> Callable[[str, list[list[bytes]]], RolloutRun]:
     """One client for every batch, as a trainer keeps one across steps: an image the generate
     node already holds is sent as its hash only."""
@@ -144,7 +156,12 @@ def ours(
     loop = asyncio.new_event_loop()
     transport = CountingTransport()
     client = AsyncTandemClient(
-        render.url, generate.url, model=model, transport=transport, timeout_s=600
+        render.url,
+        generate.url,
+        model=model,
+        transport=transport,
+        timeout_s=600,
+        compression=compression,
     )
 
     def one(batch: str, images: list[list[bytes]]) -> RolloutRun:
@@ -160,8 +177,63 @@ def ours(
             )
             return [len(c) for c in out.completion_ids]
 
-        label = "ours: tandem_client.rollout (binary)"
+        label = "ours: tandem_client.rollout (binary" + (
+            f", {compression})" if compression else ")"
+        )
         return loop.run_until_complete(_measure(label, batch, servers, run, transport))
+
+    return one
+
+
+def trl_front_door(
+    model: str, front: ServerProcess, servers: dict[str, ServerProcess], ids: list[int], pad: int
+) -> Callable[[str, list[list[bytes]]], RolloutRun]:
+    """TRL's own ``VLLMClient`` (unmodified) against the front door: images-only renders for
+    the features, placeholders re-pointed at the prompt's image runs, generate with ``n``."""
+    from trl.generation.vllm_client import VLLMClient
+
+    client = VLLMClient(base_url=front.url)
+    counted: list[tuple[int, int]] = []
+    post = client.session.post
+
+    def counting_post(url: str, **kwargs: Any) -> Any:
+        r = post(url, **kwargs)
+        body = r.request.body
+        counted.append((len(body) if isinstance(body, bytes) else 0, len(r.content)))
+        return r
+
+    client.session.post = counting_post  # type: ignore[method-assign, assignment]
+
+    def one(batch: str, images: list[list[bytes]]) -> RolloutRun:
+        from PIL import Image
+
+        async def run() -> list[int]:
+            def blocking() -> list[int]:
+                pil: list[list[Any] | None] = [
+                    [Image.open(io.BytesIO(b)) for b in imgs] for imgs in images
+                ]
+                features = client.image_features(pil)
+                placed = [_repoint(ids, pad, f) for f in features if f is not None]
+                out = client.generate(
+                    prompts=[p for p, _ in placed],
+                    features=[f for _, f in placed],
+                    n=N,
+                    temperature=1.0,
+                    max_tokens=MAX_TOKENS,
+                    logprobs=0,
+                )
+                return [len(c) for c in out["completion_ids"]]
+
+            return await asyncio.to_thread(blocking)
+
+        transport = CountingTransport()  # unused: requests counts itself
+        del counted[:]
+        result = asyncio.run(
+            _measure("front door, TRL's VLLMClient", batch, servers, run, transport)
+        )
+        result.bytes_sent = sum(s for s, _ in counted)
+        result.bytes_received = sum(r for _, r in counted)
+        return result
 
     return one
 

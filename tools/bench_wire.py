@@ -10,16 +10,20 @@ carry the image's real prompt (its token ids and placeholder range).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
+import json
 import os
 import statistics
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from PIL import Image
 
 if TYPE_CHECKING:
     import torch
@@ -48,40 +52,64 @@ class Sample:
     transforms: WireTransforms
 
 
-def processor_items(model: str) -> dict[str, Sample]:
-    from PIL import Image
-    from vllm.config import ModelConfig
-    from vllm.multimodal import MULTIMODAL_REGISTRY
-    from vllm.multimodal.processing import ProcessorInputs, TimingContext
-    from vllm.renderers.chat_utils import ChatCompletionMessageParam
+class Processor:
+    """vLLM's processor for a tiny model, in-process, turning images into samples."""
 
-    from tandem_vllm.wire_transforms import wire_transforms_for
-    from tools.tiny_models import ensure_model
+    def __init__(self, model: str) -> None:
+        from vllm.config import ModelConfig
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+        from vllm.renderers.chat_utils import ChatCompletionMessageParam
 
-    path = ensure_model(model)
-    proc = MULTIMODAL_REGISTRY.create_processor(ModelConfig(model=str(path), max_model_len=4096))
-    transforms = wire_transforms_for(proc.info.get_hf_processor())
-    tok = proc.info.get_tokenizer()
-    rng = np.random.default_rng(0)
-    items: dict[str, Sample] = {}
-    for w, h in ((448, 448), (1024, 768)):
-        image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        from tandem_vllm.wire_transforms import wire_transforms_for
+        from tools.tiny_models import ensure_model
+
+        path = ensure_model(model)
+        self.proc = MULTIMODAL_REGISTRY.create_processor(
+            ModelConfig(model=str(path), max_model_len=4096)
+        )
+        self.transforms = wire_transforms_for(self.proc.info.get_hf_processor())
+        tok = self.proc.info.get_tokenizer()
         messages: list[ChatCompletionMessageParam] = [
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}
         ]
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert isinstance(text, str)  # tokenize=False
-        ids = tok.encode(text, add_special_tokens=False)
-        out = proc.apply(
-            ProcessorInputs(ids, proc.info.parse_mm_data({"image": [image]})),
+        self.ids = tok.encode(text, add_special_tokens=False)
+
+    def sample(self, image: Image.Image) -> Sample:
+        from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+        out = self.proc.apply(
+            ProcessorInputs(self.ids, self.proc.info.parse_mm_data({"image": [image]})),
             TimingContext(enabled=False),
         )
         item = out["mm_kwargs"]["image"][0]
         assert item is not None  # the processor ran, so the item is present
         (ph,) = out["mm_placeholders"]["image"]
-        ids = list(out["prompt_token_ids"])
-        items[f"{w}x{h}"] = Sample(item, ids, ph.offset, ph.length, transforms)
-    return items
+        return Sample(item, list(out["prompt_token_ids"]), ph.offset, ph.length, self.transforms)
+
+
+def noise(width: int, height: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
+"""scikit-image's sample photographs (shipped in its package): 512x512, 600x400, 451x300,
+640x427."""
+
+
+def photo(name: str, size: tuple[int, int] | None = None) -> Image.Image:
+    """A real photograph from scikit-image's package, resized (bicubic) to ``size`` if given."""
+    import skimage.data
+
+    image = Image.fromarray(getattr(skimage.data, name)())
+    return image if size is None else image.resize(size, Image.Resampling.BICUBIC)
+
+
+def processor_items(model: str) -> dict[str, Sample]:
+    proc = Processor(model)
+    return {f"{w}x{h}": proc.sample(noise(w, h)) for w, h in ((448, 448), (1024, 768))}
 
 
 def cases(sample: Sample) -> list[Case]:
@@ -251,15 +279,195 @@ def measure(all_cases: list[Case], reps: int) -> list[tuple[float, float, object
 ROW = "{:<9} {:<36} {:>10} {:>8} {:>8} {:>8} {:>8}"
 
 
-def main() -> int:
+@dataclass
+class Codec:
+    name: str
+    compress: Callable[[bytes], bytes]
+    decompress: Callable[[bytes, int], bytes]
+
+
+CHOSEN = "zstd 1 (ours)"
+
+
+def codecs() -> list[Codec]:
+    """The candidates for the binary bodies' content coding; zstd through our own functions
+    (tandem_wire.content_coding, the bounded decoder included)."""
+    import lz4.frame  # type: ignore[import-untyped]
+
+    from tandem_wire import ZSTD, compress_zstd, decode_body
+
+    def zstd(level: int, name: str) -> Codec:
+        return Codec(name, lambda b: compress_zstd(b, level), lambda b, n: decode_body(b, ZSTD, n))
+
+    return [
+        Codec("lz4 (frame, default)", lz4.frame.compress, lambda b, n: lz4.frame.decompress(b)),
+        zstd(-1, "zstd -1"),
+        zstd(1, CHOSEN),
+        zstd(3, "zstd 3"),
+    ]
+
+
+def cpu_ms(fn: Callable[[], object], reps: int) -> tuple[float, object]:
+    """Median CPU time of this thread per call (ms), and the last result."""
+    times = []
+    out: object = None
+    for _ in range(reps):
+        t0 = time.thread_time_ns()
+        out = fn()
+        times.append(time.thread_time_ns() - t0)
+    return statistics.median(times) / 1e6, out
+
+
+def documents(sample: Sample) -> dict[str, bytes]:
+    """One first-seen image's generate document in every form it can take on the wire."""
+    by_name = {c.name: c.encode() for c in cases(sample) if "document" in c.name}
+    return {
+        "upstream JSON": _bytes(by_name[DOC_BASELINE]),
+        "ours JSON": _bytes(by_name["ours json document"]),
+        "ours binary": _bytes(by_name["ours msgpack document"]),
+        "binary + elision": _bytes(by_name["ours msgpack document, elided"]),
+    }
+
+
+def _bytes(encoded: object) -> bytes:
+    assert isinstance(encoded, bytes), type(encoded)
+    return encoded
+
+
+def codec_rows(proc: Processor, reps: int) -> list[dict[str, object]]:
+    """Each codec on each photograph's (and noise's) elided binary document: size, and CPU per
+    MB of the document to compress and to decompress."""
+    images = {name: photo(name) for name in PHOTOS}
+    images["coffee 1920x1080"] = photo("coffee", (1920, 1080))
+    images["noise 448x448"] = noise(448, 448)
+    rows: list[dict[str, object]] = []
+    for label, image in images.items():
+        sample = proc.sample(image)
+        docs = documents(sample)
+        body = docs["binary + elision"]
+        mb = len(body) / 1e6
+        for codec in codecs():
+            enc_ms, packed = cpu_ms(functools.partial(codec.compress, body), reps)
+            assert isinstance(packed, bytes)
+            dec_ms, back = cpu_ms(functools.partial(codec.decompress, packed, len(body)), reps)
+            assert back == body
+            rows.append(
+                {
+                    "image": label,
+                    "codec": codec.name,
+                    "plain_bytes": len(body),
+                    "bytes": len(packed),
+                    "upstream_json_bytes": len(docs["upstream JSON"]),
+                    "compress_ms_per_mb": enc_ms / mb,
+                    "decompress_ms_per_mb": dec_ms / mb,
+                }
+            )
+        rows.append(_delta_what_if(label, sample, body, docs, reps))
+    return rows
+
+
+def _delta_what_if(
+    label: str, sample: Sample, body: bytes, docs: dict[str, bytes], reps: int
+) -> dict[str, object]:
+    # (Its decode is a loop of numpy row adds; a C loop would be faster.)
+    """What a vertical pixel delta inside each patch would add before zstd 1 (not on the wire:
+    it would be a wire transform of its own)."""
+    # Qwen2-VL's patch rows: (channels 3, temporal 2, 14, 14); the temporal copies are equal.
+    import torch
+
+    from tandem_wire import ZSTD, compress_zstd, decode_body
+
+    data = sample.item["pixel_values"].data
+    assert isinstance(data, torch.Tensor)
+    pixels = data.numpy()
+    side = 14
+    once = np.ascontiguousarray(pixels.reshape(-1, 3, 2, side, side)[:, :, 0])
+
+    def encode() -> bytes:
+        delta = once.copy()
+        delta[..., 1:, :] -= once[..., :-1, :]
+        return compress_zstd(delta.tobytes(), 1)
+
+    def decode(packed: bytes) -> np.ndarray:
+        rows = np.frombuffer(decode_body(packed, ZSTD, once.nbytes), np.uint8)
+        out = rows.reshape(once.shape).copy()
+        for r in range(1, side):
+            out[..., r, :] += out[..., r - 1, :]
+        return out
+
+    enc_ms, packed = cpu_ms(encode, reps)
+    assert isinstance(packed, bytes)
+    dec_ms, back = cpu_ms(lambda: decode(packed), reps)
+    assert isinstance(back, np.ndarray) and np.array_equal(back, once)
+    mb = len(body) / 1e6
+    return {
+        "image": label,
+        "codec": "what-if: pixel delta + zstd 1",
+        "plain_bytes": len(body),
+        "bytes": len(body) - once.nbytes + len(packed),
+        "upstream_json_bytes": len(docs["upstream JSON"]),
+        "compress_ms_per_mb": enc_ms / mb,
+        "decompress_ms_per_mb": dec_ms / mb,
+    }
+
+
+def print_codecs(rows: list[dict[str, object]]) -> None:
+    row = "{:<17} {:<30} {:>10} {:>8} {:>9} {:>10} {:>10}"
+    header = row.format("image", "coding", "bytes", "ratio", "vs JSON", "comp ms/MB", "dec ms/MB")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        plain, size, json_size = (
+            int(str(r[k])) for k in ("plain_bytes", "bytes", "upstream_json_bytes")
+        )
+        print(
+            row.format(
+                str(r["image"]),
+                str(r["codec"]),
+                size,
+                f"{size / plain:.3f}x",
+                f"{size / json_size:.3f}x",
+                f"{r['compress_ms_per_mb']:.2f}",
+                f"{r['decompress_ms_per_mb']:.2f}",
+            )
+        )
+    print(
+        "\nbytes: the elided binary document of one first-seen image, compressed; ratio: over the"
+        "\nuncompressed elided document; vs JSON: over upstream's JSON document of the same image"
+        "\n(target <= 0.30x on real photographs). ms/MB: CPU of the calling thread per MB of the"
+        "\nuncompressed document (target <= 1 ms/MB each side), median of the runs. The what-if"
+        "\nrow is not on the wire: a per-patch vertical pixel delta before zstd (a wire transform)."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default="qwen2-vl")
     parser.add_argument("--reps", type=int, default=200)
-    args = parser.parse_args()
+    parser.add_argument("--codec-reps", type=int, default=15, help="runs per content coding")
+    parser.add_argument(
+        "--parts", default="codec,coding", help="codec (throughput), coding (zstd vs lz4)"
+    )
+    parser.add_argument("--json", help="also write the content-coding rows here")
+    args = parser.parse_args(argv)
     # vLLM's decoder warns on every read-only buffer it wraps; the table is what matters here.
     warnings.filterwarnings("ignore", category=UserWarning)
-    items = processor_items(args.model)
-    print(f"model: tiny {args.model}; median of {args.reps} interleaved runs; one process\n")
+    parts = set(args.parts.split(","))
+    if "codec" in parts:
+        throughput(args.model, args.reps)
+    if "coding" in parts:
+        print(f"\ncontent coding of a first-seen image (tiny {args.model}; CPU per run, median)\n")
+        rows = codec_rows(Processor(args.model), args.codec_reps)
+        print_codecs(rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def throughput(model: str, reps: int) -> None:
+    """Encode + decode throughput of one item (and one document) per serialisation."""
+    items = processor_items(model)
+    print(f"model: tiny {model}; median of {reps} interleaved runs; one process\n")
     sizes: dict[str, dict[str, int]] = {}
     header = ROW.format("image", "case", "bytes", "enc ms", "dec ms", "MB/s", "vs vLLM")
     print(header)
@@ -272,7 +480,7 @@ def main() -> int:
         )
         all_cases = cases(sample)
         gc.collect()
-        results = measure(all_cases, args.reps)
+        results = measure(all_cases, reps)
         totals = {c.name: e + d for c, (e, d, _) in zip(all_cases, results, strict=True)}
         for case, (enc_ms, dec_ms, encoded) in zip(all_cases, results, strict=True):
             total = enc_ms + dec_ms
@@ -293,7 +501,6 @@ def main() -> int:
     print("the body); vLLM's decoder copies inline tensors. MB/s: tensor bytes per encode+decode.")
     print("Elided: the model's wire transforms (tandem_vllm.wire_transforms), undone on decode.\n")
     print_sizes(sizes)
-    return 0
 
 
 def print_sizes(sizes: dict[str, dict[str, int]]) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,10 +21,11 @@ from tandem_http import (
     metrics_response,
     models_response,
     read_body,
+    read_raw_body,
     service_app,
 )
 from tandem_http.openapi import BodySchemas, install_openapi
-from tandem_wire import WireFormat, format_of_content_type
+from tandem_wire import WireFormat, body_coding, decode_body, format_of_content_type
 
 from .affinity import request_id_of_body, routing_key
 from .control import CONTROL_ROUTES, ControlRoute, fan_out
@@ -89,15 +91,21 @@ def create_app(
 
     @app.post(GENERATE_PATH)
     async def generate(request: Request) -> Response:
-        # The body is read whole (capped), then sent on byte for byte. tandem_client names the
-        # routing key in a header (its repeats carry content ids, not render's hashes); for
-        # other callers it is read from the body.
-        body = await read_body(request, settings.max_body_bytes)
+        # The body is read whole (capped), then sent on byte for byte, compressed or not.
+        # tandem_client names the routing key in a header (its repeats carry content ids, not
+        # render's hashes); for other callers it is read from the body (decoded, capped).
+        coding = body_coding(request.headers.get("content-encoding"))
+        body = await read_raw_body(request, settings.max_body_bytes)
         fmt = format_of_content_type(request.headers.get("content-type"))
         fwd = forwarder(request)
-        key = request.headers.get(ROUTE_KEY_HEADER) or routing_key(body, fmt)
+
+        @functools.cache
+        def plain() -> bytes:
+            return decode_body(body, coding, settings.max_body_bytes)
+
+        key = request.headers.get(ROUTE_KEY_HEADER) or routing_key(plain(), fmt)
         nodes = fwd.upstreams.generate_order(key)
-        if not _trl_shape(settings, request, body, fmt):
+        if not _trl_shape(settings, request, plain, fmt):
             return await fwd.forward(nodes, request, GENERATE_PATH, body)
         headers = upstream_headers(request, len(body))
         headers["accept"] = "application/json"
@@ -158,14 +166,10 @@ def create_app(
                 )
             body = await read_body(request, settings.max_body_bytes)
             ups = forwarder(request).upstreams
+            headers = upstream_headers(request, len(body))
+            headers.pop("content-encoding", None)  # the body goes on decoded
             status, answer = await fan_out(
-                ups,
-                route,
-                path,
-                request.url.query,
-                upstream_headers(request, len(body)),
-                body,
-                ups.generate,
+                ups, route, path, request.url.query, headers, body, ups.generate
             )
             return JSONResponse(answer, status_code=status)
 
@@ -187,11 +191,13 @@ def create_app(
     return app
 
 
-def _trl_shape(settings: FrontSettings, request: Request, body: bytes, fmt: WireFormat) -> bool:
+def _trl_shape(
+    settings: FrontSettings, request: Request, body: Callable[[], bytes], fmt: WireFormat
+) -> bool:
     """Whether this generate answer gets TRL's logprob shape (see ``logprobs_format``)."""
     mode = request.headers.get(LOGPROBS_FORMAT_HEADER) or settings.logprobs_format
     if mode == "auto":
-        rid = request_id_of_body(body, fmt)
+        rid = request_id_of_body(body(), fmt)
         return rid is not None and rid.startswith(TRL_REQUEST_PREFIX)
     return mode == "trl"
 

@@ -42,11 +42,11 @@ class Upstreams:
         self.settings = settings
         self.render = [Node("render", u.rstrip("/")) for u in settings.render_urls]
         self.generate = [Node("generate", u.rstrip("/")) for u in settings.generate_urls]
-        headers = (
-            {"authorization": f"Bearer {settings.upstream_api_key}"}
-            if settings.upstream_api_key
-            else {}
-        )
+        # Answers uncompressed unless a caller asks otherwise (its header passes through): the
+        # hops inside the fleet are fast, and httpx would otherwise offer every coding it has.
+        headers = {"accept-encoding": "identity"}
+        if settings.upstream_api_key:
+            headers["authorization"] = f"Bearer {settings.upstream_api_key}"
         self.http = httpx.AsyncClient(
             headers=headers,
             timeout=httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s),

@@ -139,6 +139,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         "safetensors; vLLM's option of the same name); start generate with it too",
     )
     p.add_argument(
+        "--answer-zstd-level",
+        type=int,
+        help="zstd level of binary answers to callers whose Accept-Encoding names zstd; 0 never "
+        f"compresses (default: {RenderSettings.answer_zstd_level})",
+    )
+    p.add_argument(
         "--mm-processor-kwargs-allowlist",
         nargs="*",
         help="keys a request may set in `mm_processor_kwargs` (default: "

@@ -27,9 +27,13 @@ from tandem_http import (
 )
 from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import (
+    MIN_COMPRESSED_BYTES,
     WIRE_TRANSFORMS_HEADER,
+    ZSTD,
     WireFormat,
     accepted_wire_transforms,
+    accepts_coding,
+    compress_zstd,
     encode_generate_request_parts,
 )
 
@@ -83,9 +87,18 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         )
         return body, in_fmt, out_fmt, transforms
 
-    def respond(answer: Any, out_fmt: Any) -> Response:
+    def respond(answer: Any, out_fmt: WireFormat, request: Request) -> Response:
         parts = encode_generate_request_parts(answer, out_fmt)
-        response = PartsResponse(parts, media_type=out_fmt.content_type)
+        headers = {}
+        if out_fmt is WireFormat.MSGPACK and settings.answer_zstd_level > 0:
+            headers["vary"] = "accept-encoding"
+            if (
+                accepts_coding(request.headers.get("accept-encoding"), ZSTD)
+                and sum(map(len, parts)) >= MIN_COMPRESSED_BYTES
+            ):
+                parts = [compress_zstd(parts, settings.answer_zstd_level)]
+                headers["content-encoding"] = ZSTD
+        response = PartsResponse(parts, media_type=out_fmt.content_type, headers=headers)
         metrics.bytes_out.labels(out_fmt.name.lower()).inc(response.length)
         return response
 
@@ -94,14 +107,14 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     async def render_chat(request: Request) -> Response:
         body, in_fmt, out_fmt, transforms = await request_body(request)
         result = await request.app.state.service.render_chat(body, in_fmt, transforms)
-        return respond(result, out_fmt)
+        return respond(result, out_fmt, request)
 
     @app.post(COMPLETION_PATH)
     @admitted(gate)
     async def render_completion(request: Request) -> Response:
         body, in_fmt, out_fmt, transforms = await request_body(request)
         results = await request.app.state.service.render_completion(body, in_fmt, transforms)
-        return respond(results, out_fmt)
+        return respond(results, out_fmt, request)
 
     @app.get("/health")
     async def health() -> Response:

@@ -101,6 +101,9 @@ class RenderSettings:
     """Accept precomputed embeddings (``image_embeds`` content parts, safetensors) for models
     that take them (vLLM's option of the same name); refused with ``mm_embeds_disabled``
     otherwise. Generate needs it too."""
+    answer_zstd_level: int = 1
+    """zstd level of binary (msgpack) answers to callers whose ``Accept-Encoding`` names zstd;
+    0 never compresses. JSON answers are never compressed (they stay upstream's bytes)."""
 
     mm_processor_kwargs_allowlist: tuple[str, ...] = DEFAULT_MM_KWARGS_ALLOWLIST
     """Keys a request may set in ``mm_processor_kwargs``."""

@@ -9,6 +9,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -16,11 +17,21 @@ import msgspec
 
 from tandem_wire import (
     ANY_WIRE_TRANSFORM,
+    DEFAULT_ZSTD_LEVEL,
+    IDENTITY,
+    MIN_COMPRESSED_BYTES,
     WIRE_TRANSFORMS_HEADER,
+    ZSTD,
     GenerateRequest,
     GenerateResponse,
+    PayloadTooLarge,
+    WireError,
     WireFormat,
+    accepts_coding,
+    body_coding,
+    compress_zstd,
     content_id,
+    decode_body,
     decode_document,
     decode_generate_request,
     decode_generate_requests,
@@ -30,7 +41,9 @@ from tandem_wire import (
 
 from .errors import (
     CacheMissError,
+    PayloadTooLargeError,
     ServerError,
+    ServiceError,
     TandemError,
     TransportError,
     error_from_response,
@@ -43,6 +56,17 @@ from .weights import write_safetensors
 __all__ = ["AsyncTandemClient"]
 
 _MAX_RETRY_AFTER_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """One answer, its body decoded from its content coding."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+    packed: bytes | None = None
+    """The body as received when it came zstd-compressed: passed on to generate as it is."""
 
 
 class _Held:
@@ -84,6 +108,14 @@ class AsyncTandemClient:
     ``max_retries`` times); input errors (other 4xx) never are. A generate node that cannot be
     reached or answers 503 (its engine died) is skipped for ``node_cooldown_s`` and its requests
     move to the next node in their affinity order, with the items that node lacks.
+
+    ``compression="zstd"`` (binary only) asks render for zstd-compressed answers and compresses
+    generate bodies (``compression_level``) toward nodes that advertise zstd in their answers'
+    ``Accept-Encoding`` (asked once per node at ``/health``; a 415 resends the body plain). A
+    compressed render answer goes on to generate as it came. It trades CPU on both sides (about
+    2 ms per MB to compress, 1 to decompress) for 6-19% fewer bytes on real photographs: worth
+    it on links slower than a few Gbit/s, not on a fast local network. Answers are decoded with
+    their size capped at ``max_answer_bytes`` before anything is allocated.
     """
 
     def __init__(
@@ -102,16 +134,27 @@ class AsyncTandemClient:
         wire_transforms: str | Sequence[str] | None = ANY_WIRE_TRANSFORM,
         node_cooldown_s: float = 10.0,
         weight_dir: str | os.PathLike[str] | None = None,
+        compression: str | None = None,
+        compression_level: int = DEFAULT_ZSTD_LEVEL,
+        max_answer_bytes: int = 1 << 30,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        if compression not in (None, ZSTD):
+            raise ValueError(f"compression must be None or {ZSTD!r}, not {compression!r}")
         self.model = model
         self.weight_dir = weight_dir
         self.fmt = WireFormat.MSGPACK if binary else WireFormat.JSON
+        # Only binary bodies are compressed (JSON stays upstream's exchange, byte for byte).
+        self.compression = compression if binary else None
+        self.compression_level = compression_level
+        self.max_answer_bytes = max_answer_bytes
         names = [wire_transforms] if isinstance(wire_transforms, str) else wire_transforms or []
         # Only binary answers carry transforms (render keeps JSON upstream's), so only then.
         self._render_headers = (
             {WIRE_TRANSFORMS_HEADER: ", ".join(names)} if binary and names else {}
         )
+        if self.compression:
+            self._render_headers["accept-encoding"] = self.compression
         self.render_nodes = RoundRobin(_strings(render_urls))
         self.generate_urls = _strings(generate_urls)
         self.max_retries = max_retries
@@ -119,8 +162,14 @@ class AsyncTandemClient:
         self._held = {url: _Held(held_items_per_node) for url in self.generate_urls}
         self.node_cooldown_s = node_cooldown_s
         self._down_until: dict[str, float] = {}
+        # Per generate node: whether it decodes zstd bodies (absent: not asked yet).
+        self._zstd_nodes: dict[str, bool] = {}
+        self._probes = {url: asyncio.Lock() for url in self.generate_urls}
         self._slots = asyncio.Semaphore(max_concurrency)
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        # Answers come uncompressed unless asked for (httpx would offer every coding it has).
+        headers = {"accept-encoding": IDENTITY}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
         self._http = httpx.AsyncClient(
             timeout=timeout_s,
             headers=headers,
@@ -155,7 +204,7 @@ class AsyncTandemClient:
         failover: bool = False,
         route_key: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
+    ) -> _Answer:
         """POST with retries; with ``failover``, an unreachable node or a 503 raises at once
         (the caller moves the request to another node instead of waiting on this one)."""
         fmt = fmt or self.fmt
@@ -167,7 +216,7 @@ class AsyncTandemClient:
             last = attempt == self.max_retries
             try:
                 async with self._slots:
-                    r = await self._http.post(url, content=content, headers=headers)
+                    r = await self._send(url, content, headers)
             except httpx.TransportError as exc:
                 if last or failover:
                     raise TransportError(f"{url}: {type(exc).__name__}: {exc}") from exc
@@ -181,6 +230,44 @@ class AsyncTandemClient:
                 continue
             raise error_from_response(r.status_code, _error_body(r), url)
         raise AssertionError("unreachable")
+
+    async def _send(self, url: str, content: bytes, headers: Mapping[str, str]) -> _Answer:
+        """One POST; the answer read as sent and decoded here, so that a compressed one is
+        capped (httpx would inflate it without a bound) and kept for passing on."""
+        request = self._http.build_request("POST", url, content=content, headers=headers)
+        r = await self._http.send(request, stream=True)
+        chunks = []
+        coding: str | None = None
+        try:
+            total = 0
+            async for chunk in r.aiter_raw():
+                total += len(chunk)
+                if total > self.max_answer_bytes:
+                    raise PayloadTooLargeError(
+                        f"answer exceeds {self.max_answer_bytes} bytes",
+                        type=error_types.PAYLOAD_TOO_LARGE,
+                        status_code=413,
+                        url=url,
+                    )
+                chunks.append(chunk)
+        except httpx.StreamConsumed:
+            # An in-memory transport's answer, read (and decoded) before it got here.
+            chunks, coding = [r.content], IDENTITY
+        finally:
+            await r.aclose()
+        wire = b"".join(chunks)
+        try:
+            coding = coding or body_coding(r.headers.get("content-encoding"))
+            body = decode_body(wire, coding, self.max_answer_bytes)
+        except PayloadTooLarge as exc:
+            raise PayloadTooLargeError(
+                exc.message, type=exc.type, status_code=exc.status_code, url=url
+            ) from None
+        except WireError as exc:
+            raise ServerError(
+                f"unreadable answer: {exc.message}", type=exc.type, status_code=502, url=url
+            ) from None
+        return _Answer(r.status_code, r.headers, body, wire if coding == ZSTD else None)
 
     def _delay(self, attempt: int, retry_after: str | None = None) -> float:
         if retry_after and retry_after.replace(".", "", 1).isdigit():
@@ -198,7 +285,7 @@ class AsyncTandemClient:
 
     async def _render_chat(
         self, messages: list[dict[str, Any]], *, model: str | None = None, **fields: Any
-    ) -> tuple[GenerateRequest[Any], httpx.Response]:
+    ) -> tuple[GenerateRequest[Any], _Answer]:
         body = {"model": model or self.model, "messages": self._messages(messages), **fields}
         url = f"{self.render_nodes.pick()}/v1/chat/completions/render"
         r = await self._post(
@@ -251,7 +338,7 @@ class AsyncTandemClient:
             return {"type": "image_bytes", "image_bytes": source}
         return {"type": "image_url", "image_url": {"url": source}}
 
-    def _answer_format(self, r: httpx.Response) -> WireFormat:
+    def _answer_format(self, r: _Answer) -> WireFormat:
         ctype = r.headers.get("content-type", "")
         return WireFormat.MSGPACK if "msgpack" in ctype else WireFormat.JSON
 
@@ -271,8 +358,38 @@ class AsyncTandemClient:
 
     def _node_failed(self, url: str) -> None:
         self._down_until[url] = time.monotonic() + self.node_cooldown_s
-        # A node that comes back is a new process: it holds nothing we sent before.
+        # A node that comes back is a new process: it holds nothing we sent before (and may
+        # be another version: its codings are asked again).
         self._held[url].clear()
+        self._zstd_nodes.pop(url, None)
+
+    async def _node_takes_zstd(self, url: str) -> bool:
+        """Whether to compress toward a generate node: it said so in an answer's
+        ``Accept-Encoding`` (asked once, at ``/health``). Upstream vLLM never says so, so it
+        never gets a body it cannot read."""
+        if self.compression is None:
+            return False
+        known = self._zstd_nodes.get(url)
+        if known is not None:
+            return known
+        async with self._probes[url]:
+            if url not in self._zstd_nodes:
+                try:
+                    r = await self._http.get(f"{url}/health")
+                except httpx.TransportError:
+                    return False  # asked again next time; the request finds out the rest
+                self._zstd_nodes[url] = accepts_coding(r.headers.get("accept-encoding"), ZSTD)
+            return self._zstd_nodes[url]
+
+    def _coded(
+        self, plain: bytes, packed: bytes | None, zstd: bool
+    ) -> tuple[bytes, dict[str, str]]:
+        """The generate body as it goes on the wire, and its Content-Encoding header."""
+        if not zstd or (packed is None and len(plain) < MIN_COMPRESSED_BYTES):
+            return plain, {}
+        if packed is None:
+            packed = compress_zstd(plain, self.compression_level)
+        return packed, {"content-encoding": ZSTD}
 
     async def generate(self, request: GenerateRequest[Any], **sampling: Any) -> GenerateResponse:
         """Generate for a render output (``sampling`` overrides its sampling_params).
@@ -285,7 +402,7 @@ class AsyncTandemClient:
         return await self._generate(request, None, sampling)
 
     async def _generate(
-        self, request: GenerateRequest[Any], raw: httpx.Response | None, sampling: dict[str, Any]
+        self, request: GenerateRequest[Any], raw: _Answer | None, sampling: dict[str, Any]
     ) -> GenerateResponse:
         if sampling:
             request = msgspec.structs.replace(
@@ -308,20 +425,24 @@ class AsyncTandemClient:
         raise failure
 
     async def _generate_on(
-        self, url: str, request: GenerateRequest[Any], raw: httpx.Response | None
+        self, url: str, request: GenerateRequest[Any], raw: _Answer | None
     ) -> GenerateResponse:
         held = self._held[url]
         tenant = request.cache_salt or ""
         ids = _content_ids(request, tenant)
         keys = _keys(ids, tenant)
         skip = {k for k in keys if k in held}
+        zstd = await self._node_takes_zstd(url)
         for _ in range(3):
             fmt = self.fmt
+            packed = None
             if raw is not None and not skip:
-                # Render's answer goes on byte for byte: nothing to hold back, nothing changed.
-                body, fmt = raw.content, self._answer_format(raw)
+                # Render's answer goes on byte for byte (compressed as it came, if it did):
+                # nothing to hold back, nothing changed.
+                plain, fmt, packed = raw.content, self._answer_format(raw), raw.packed
             else:
-                body = encode_generate_request(_without(request, ids, skip, tenant), self.fmt)
+                plain = encode_generate_request(_without(request, ids, skip, tenant), self.fmt)
+            body, coding = self._coded(plain, packed, zstd)
             try:
                 r = await self._post(
                     f"{url}/inference/v1/generate",
@@ -329,6 +450,7 @@ class AsyncTandemClient:
                     fmt,
                     failover=True,
                     route_key=_route_key(request),
+                    extra_headers=coding,
                 )
             except CacheMissError as exc:
                 missing = {(tenant, h) for hashes in exc.missing.values() for h in hashes}
@@ -337,6 +459,12 @@ class AsyncTandemClient:
                 if not missing & skip:
                     raise  # it lacks items we did not hold back: nothing to resend
                 skip -= missing
+                continue
+            except ServiceError as exc:
+                if not coding or exc.type != error_types.UNSUPPORTED_CONTENT_ENCODING:
+                    raise
+                # The node no longer takes zstd (replaced by another version): send it plain.
+                self._zstd_nodes[url] = zstd = False
                 continue
             for key in keys:
                 held.add(key)
@@ -491,11 +619,11 @@ def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
-def _error_body(r: httpx.Response) -> Any:
+def _error_body(r: _Answer | httpx.Response) -> Any:
     try:
         if "msgpack" in r.headers.get("content-type", ""):
             return msgspec.msgpack.decode(r.content)
-        return r.json()
+        return msgspec.json.decode(r.content)
     except (ValueError, msgspec.DecodeError):
         return None
 

@@ -2,7 +2,15 @@
 
 from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted
 from .auth import ApiKeyMiddleware, api_keys, principal_of
-from .body import BodyTooLarge, PartsResponse, negotiate, read_body, wire_response
+from .body import (
+    AcceptEncodingMiddleware,
+    BodyTooLarge,
+    PartsResponse,
+    negotiate,
+    read_body,
+    read_raw_body,
+    wire_response,
+)
 from .draining import DRAINING_HEADER, Drain, DrainingConfig, DrainingServer
 from .errors import (
     BadRequest,
@@ -38,6 +46,7 @@ __all__ = [
     "DRAINING_HEADER",
     "MULTIPROC_ENV",
     "REQUEST_ID_HEADER",
+    "AcceptEncodingMiddleware",
     "AdmissionGate",
     "ApiKeyMiddleware",
     "BadRequest",
@@ -70,6 +79,7 @@ __all__ = [
     "pretouch",
     "principal_of",
     "read_body",
+    "read_raw_body",
     "request_id_of",
     "run_server",
     "serve_settings",

@@ -1,4 +1,5 @@
-"""Request bodies with a size cap, content negotiation, and wire-encoded responses."""
+"""Request bodies with a size cap (decoded from their content coding), content negotiation, and
+wire-encoded responses."""
 
 from __future__ import annotations
 
@@ -7,17 +8,32 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tandem_wire import (
+    ZSTD,
     PayloadTooLarge,
     WireFormat,
+    body_coding,
+    decode_body,
     encode_document,
     format_for_accept,
     format_of_content_type,
 )
 
-__all__ = ["BodyTooLarge", "PartsResponse", "negotiate", "read_body", "wire_response"]
+__all__ = [
+    "AcceptEncodingMiddleware",
+    "BodyTooLarge",
+    "PartsResponse",
+    "negotiate",
+    "read_body",
+    "read_raw_body",
+    "wire_response",
+]
+
+REQUEST_CODINGS = ZSTD
+"""The request content codings every Tandem service decodes, as its answers advertise them in
+``Accept-Encoding`` (RFC 7694): senders compress only toward a node that says this."""
 
 
 class BodyTooLarge(PayloadTooLarge):
@@ -32,7 +48,16 @@ class BodyTooLarge(PayloadTooLarge):
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The whole body, refusing more than ``max_bytes`` without buffering the excess.
+    """The whole body decoded from its ``Content-Encoding``, at most ``max_bytes`` both as sent
+    and decoded (413 ``payload_too_large``; a zstd bomb is refused before it is inflated). An
+    unknown coding is 415 ``unsupported_content_encoding`` before the body is read."""
+    coding = body_coding(request.headers.get("content-encoding"))
+    return decode_body(await read_raw_body(request, max_bytes), coding, max_bytes)
+
+
+async def read_raw_body(request: Request, max_bytes: int) -> bytes:
+    """The whole body as sent (still encoded), refusing more than ``max_bytes`` without
+    buffering the excess.
 
     Content-Length is checked before reading; chunked or lying bodies are cut off as soon as
     the running total passes the limit.
@@ -79,11 +104,16 @@ class PartsResponse(Response):
     """
 
     def __init__(
-        self, parts: Sequence[bytes], status_code: int = 200, media_type: str | None = None
+        self,
+        parts: Sequence[bytes],
+        status_code: int = 200,
+        media_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.parts = [p for p in parts if p] or [b""]
         self.length = sum(map(len, self.parts))
-        super().__init__(None, status_code, {"content-length": str(self.length)}, media_type)
+        all_headers = {**(headers or {}), "content-length": str(self.length)}
+        super().__init__(None, status_code, all_headers, media_type)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
@@ -92,3 +122,28 @@ class PartsResponse(Response):
         last = len(self.parts) - 1
         for i, part in enumerate(self.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
+
+
+class AcceptEncodingMiddleware:
+    """Adds ``Accept-Encoding: zstd`` to every answer (RFC 7694): the request codings this
+    service decodes, so a client learns it may compress toward it (from any answer, a probe of
+    ``/health`` included) and an older node, which never says it, never gets a compressed body.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def advertise(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"accept-encoding" for k, _ in headers):
+                    headers.append((b"accept-encoding", REQUEST_CODINGS.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, advertise)

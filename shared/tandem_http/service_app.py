@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from .auth import ApiKeyMiddleware
+from .body import AcceptEncodingMiddleware
 from .errors import install_error_handlers
 from .request_id import RequestIdMiddleware
 
@@ -21,12 +22,15 @@ def service_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
     api_key: str | Sequence[str] | None,
 ) -> FastAPI:
-    """An app with the API-key check (``/health`` open), request ids and the error handlers.
-    FastAPI's own schema route is off: its routes read raw wire bodies, so each service serves
-    a document with their schemas filled in (``tandem_http.openapi``)."""
+    """An app with the API-key check (``/health`` open), request ids, the error handlers and
+    ``Accept-Encoding: zstd`` on every answer (its routes read bodies with ``read_body``, which
+    decodes them). FastAPI's own schema route is off: its routes read raw wire bodies, so each
+    service serves a document with their schemas filled in (``tandem_http.openapi``)."""
     app = FastAPI(title=title, lifespan=lifespan, openapi_url=None)
     app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=("/health",))
     app.add_middleware(RequestIdMiddleware)
+    # Outermost: 401s and the error handlers' answers advertise it too.
+    app.add_middleware(AcceptEncodingMiddleware)
     install_error_handlers(app)
     return app
 

@@ -64,6 +64,10 @@ UNSUPPORTED_WIRE_TRANSFORM = "unsupported_wire_transform"
 """400: a kwargs field declares a wire transform the receiver does not apply (a name it does
 not know, or one this model's processor has not for that field)."""
 
+UNSUPPORTED_CONTENT_ENCODING = "unsupported_content_encoding"
+"""415: a body sent with a ``Content-Encoding`` the receiver does not decode (it decodes
+``zstd``, and says so in every answer's ``Accept-Encoding``)."""
+
 # Render: media loading.
 INVALID_MEDIA = "invalid_media"
 """400: a malformed media URL (the base of the media types below)."""

@@ -21,6 +21,7 @@ __all__ = [
     "NestingTooDeep",
     "PayloadTooLarge",
     "UnsupportedWireTransform",
+    "UnsupportedContentEncoding",
 ]
 
 
@@ -119,6 +120,14 @@ class UnsupportedWireTransform(WireError):
     (its data is not the processor's tensor until the transform is undone)."""
 
     type = error_types.UNSUPPORTED_WIRE_TRANSFORM
+
+
+class UnsupportedContentEncoding(WireError):
+    """A body sent with a ``Content-Encoding`` this receiver does not decode (415; the answer's
+    ``Accept-Encoding`` names what it does). The body was not read as a document."""
+
+    type = error_types.UNSUPPORTED_CONTENT_ENCODING
+    status_code = 415
 
 
 class PayloadTooLarge(WireError):

@@ -34,6 +34,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     wire.InvalidTensorData: tc.BadRequestError,
     wire.NestingTooDeep: tc.BadRequestError,
     wire.UnsupportedWireTransform: tc.BadRequestError,
+    wire.UnsupportedContentEncoding: tc.BadRequestError,
     wire.PayloadTooLarge: tc.PayloadTooLargeError,
     http.BodyTooLarge: tc.PayloadTooLargeError,
     # shared by both services

@@ -32,7 +32,9 @@ from tandem_wire import (
     MultiModalFeatures,
     PlaceholderRange,
     WireFormat,
+    compress_zstd,
     content_id,
+    decode_body,
     decode_generate_request,
     encode_document,
     encode_generate_request,
@@ -343,3 +345,134 @@ async def test_rollout_shapes_and_logprobs():
     assert result.logprobs[0] == [[-0.5, -1.5], [-0.5, -1.5]]
     assert result.logprob_token_ids[1] == [[11, 12], [21, 22]]
     assert result.finish_reasons == ["length"] * 4
+
+
+# -- zstd compression: negotiated per node, never sent to a node that did not ask -------------
+
+MSGPACK = {"content-type": "application/vnd.msgpack"}
+
+
+def big_request(hashes=("b" * 64,)) -> GenerateRequest:
+    """An image request whose item is large (and compressible) enough to be compressed."""
+    req = image_request(hashes)
+    data = [bytes(range(200)) * 500 + h.encode() for h in hashes]  # distinct items
+    feats = msgspec.structs.replace(req.features, kwargs_data={"image": data})
+    return msgspec.structs.replace(req, features=feats)
+
+
+def zstd_node(seen: list, *, advertise: bool = True, refuse: bool = False):
+    """A generate node that records (path, content-encoding, body as sent); it advertises zstd
+    in its answers (as Tandem's services do) or not (as upstream vLLM), and may refuse it."""
+
+    def handler(request):
+        headers = {"accept-encoding": "zstd"} if advertise else {}
+        coding = request.headers.get("content-encoding")
+        seen.append((request.url.path, coding, request.content))
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"}, headers=headers)
+        if coding and refuse:
+            body = {"error": {"type": "unsupported_content_encoding", "message": "m"}}
+            return httpx.Response(415, json=body, headers=headers)
+        return answer()
+
+    return handler
+
+
+async def test_generate_bodies_are_compressed_toward_a_node_that_advertises_zstd():
+    seen: list = []
+    async with client_with(zstd_node(seen), binary=True, compression="zstd") as c:
+        for h in "bcd":
+            await c.generate(big_request((h * 64,)))
+    assert [p for p, _, _ in seen].count("/health") == 1  # asked once per node
+    posts = [(coding, body) for p, coding, body in seen if p == "/inference/v1/generate"]
+    for (coding, body), h in zip(posts, "bcd", strict=True):
+        plain = encode_generate_request(big_request((h * 64,)), WireFormat.MSGPACK)
+        assert coding == "zstd" and len(body) < len(plain) // 4
+        assert decode_body(body, "zstd", len(plain)) == plain
+
+
+async def test_a_node_that_does_not_advertise_zstd_never_gets_a_compressed_body():
+    seen: list = []
+    async with client_with(zstd_node(seen, advertise=False), binary=True, compression="zstd") as c:
+        await c.generate(big_request())
+        await c.generate(big_request(("c" * 64,)))
+    posts = [(coding, body) for p, coding, body in seen if p == "/inference/v1/generate"]
+    assert [coding for coding, _ in posts] == [None, None]
+    assert posts[0][1] == encode_generate_request(big_request(), WireFormat.MSGPACK)
+
+
+async def test_a_415_resends_the_body_plain_and_stops_compressing():
+    seen: list = []
+    async with client_with(zstd_node(seen, refuse=True), binary=True, compression="zstd") as c:
+        first = await c.generate(big_request())
+        await c.generate(big_request(("c" * 64,)))
+    assert first.choices[0].token_ids == [1, 2]
+    codings = [coding for p, coding, _ in seen if p == "/inference/v1/generate"]
+    assert codings == ["zstd", None, None]
+
+
+async def test_small_bodies_and_json_clients_are_never_compressed():
+    seen: list = []
+    async with client_with(zstd_node(seen), binary=True, compression="zstd") as c:
+        await c.generate(image_request())  # a few dozen bytes
+    async with client_with(zstd_node(seen), binary=False, compression="zstd") as c:
+        await c.generate(big_request())  # JSON stays upstream's exchange
+    assert [coding for p, coding, _ in seen if p != "/health"] == [None, None]
+
+
+async def test_a_compressed_render_answer_goes_to_generate_as_it_came():
+    rendered = encode_generate_request(big_request(), WireFormat.MSGPACK)
+    frame = compress_zstd(rendered)
+    seen: list = []
+    node = zstd_node(seen)
+    render_asked = {}
+
+    def handler(request):
+        if request.url.path.endswith("/render"):
+            render_asked["accept-encoding"] = request.headers.get("accept-encoding")
+            headers = {**MSGPACK, "content-encoding": "zstd"}
+            return httpx.Response(200, stream=httpx.ByteStream(frame), headers=headers)
+        return node(request)
+
+    async with client_with(handler, binary=True, compression="zstd", model="m") as c:
+        await c.chat([{"role": "user", "content": "hi"}])
+    assert render_asked["accept-encoding"] == "zstd"
+    (post,) = [(coding, body) for p, coding, body in seen if p == "/inference/v1/generate"]
+    assert post == ("zstd", frame)  # not decompressed and compressed again
+
+
+async def test_without_compression_nothing_is_asked_or_sent_compressed():
+    seen: list = []
+    node = zstd_node(seen)
+    render_asked = {}
+
+    def handler(request):
+        if request.url.path.endswith("/render"):
+            render_asked["accept-encoding"] = request.headers.get("accept-encoding")
+            body = encode_generate_request(big_request(), WireFormat.MSGPACK)
+            return httpx.Response(200, content=body, headers=MSGPACK)
+        return node(request)
+
+    async with client_with(handler, binary=True, model="m") as c:
+        await c.chat([{"role": "user", "content": "hi"}])
+    assert render_asked["accept-encoding"] == "identity"
+    assert [(p, coding) for p, coding, _ in seen] == [("/inference/v1/generate", None)]
+
+
+async def test_a_compressed_answer_over_the_cap_is_refused_before_it_is_inflated():
+    bomb = compress_zstd(bytes(256 * 1024 * 1024))
+
+    def handler(request):
+        headers = {**MSGPACK, "content-encoding": "zstd"}
+        return httpx.Response(200, stream=httpx.ByteStream(bomb), headers=headers)
+
+    async with client_with(
+        handler, binary=True, compression="zstd", model="m", max_answer_bytes=1 << 20
+    ) as c:
+        with pytest.raises(PayloadTooLargeError):
+            await c.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_an_unknown_compression_is_refused():
+    with pytest.raises(ValueError):
+        AsyncTandemClient("http://r", "http://g", compression="gzip")

@@ -19,6 +19,7 @@ from tandem_front.app import create_app
 from tandem_front.settings import FrontSettings
 from tandem_http import Drain
 from tandem_http.draining import DrainGate
+from tandem_wire import compress_zstd
 from tests.support.asgi import app_client
 
 pytestmark = pytest.mark.anyio
@@ -126,6 +127,36 @@ async def test_generate_goes_to_the_first_item_hash_node_with_the_exact_bytes():
         path, body, headers = node.seen[-1]
         assert (path, body) == ("/inference/v1/generate", raw)
         assert headers["content-type"] == fmt
+
+
+async def test_a_zstd_body_is_routed_by_what_it_holds_and_passed_on_still_compressed():
+    s = settings()
+    f = fleet()
+    doc = generate_body("trl-1", hashes=[HASH])  # a TRL-shaped id: the door reads it too
+    frame = compress_zstd(msgspec.msgpack.encode(doc))
+    headers = {"content-type": "application/msgpack", "content-encoding": "zstd"}
+    async with app_client(create_app(s, Texts(), f)) as c:
+        r = await c.post("/inference/v1/generate", content=frame, headers=headers)
+        bomb = await c.post(
+            "/inference/v1/generate",
+            content=compress_zstd(bytes(s.max_body_bytes + 1)),
+            headers=headers,
+        )
+        control = await c.post(
+            "/reset_prefix_cache",
+            content=compress_zstd(b"{}"),
+            headers={"content-encoding": "zstd"},
+        )
+    assert r.status_code == 200
+    assert r.headers["accept-encoding"] == "zstd"
+    (body, sent), *_ = [(b, h) for p, b, h in f.nodes[winner(HASH, s)].seen if "generate" in p]
+    assert (body, sent["content-encoding"]) == (frame, "zstd")
+    assert bomb.status_code == 413 and bomb.json()["error"]["type"] == "payload_too_large"
+    # A control body is decoded by the door and fanned out plain.
+    assert control.status_code == 200
+    for name in ("g1", "g2", "g3"):
+        path, body, sent = f.nodes[name].seen[-1]
+        assert (path, body) == ("/reset_prefix_cache", b"{}") and "content-encoding" not in sent
 
 
 async def test_tandem_clients_route_key_header_wins_over_the_body():

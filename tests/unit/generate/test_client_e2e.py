@@ -14,6 +14,8 @@ from tandem_render.app import create_app as create_render_app
 from tandem_render.settings import RenderSettings
 from tandem_wire import (
     ErrorBody,
+    body_coding,
+    decode_body,
     decode_document,
     decode_generate_request,
     format_of_content_type,
@@ -37,9 +39,14 @@ class Exchange:
     content_type: str
     status: int
     error_type: str | None
+    content_encoding: str | None = None
+    answer_encoding: str | None = None
+
+    def decoded(self) -> bytes:
+        return decode_body(self.body, body_coding(self.content_encoding), 1 << 30)
 
     def kwargs_data(self) -> dict[str, list[bytes | None]]:
-        req = decode_generate_request(self.body, format_of_content_type(self.content_type))
+        req = decode_generate_request(self.decoded(), format_of_content_type(self.content_type))
         assert req.features is not None and req.features.kwargs_data is not None
         return {
             m: [None if d is None else bytes(d) for d in v]
@@ -73,6 +80,8 @@ class Router(httpx.AsyncBaseTransport):
                 request.headers.get("content-type", ""),
                 response.status_code,
                 error_type,
+                request.headers.get("content-encoding"),
+                response.headers.get("content-encoding"),
             )
         )
         return response
@@ -192,3 +201,29 @@ async def test_rollout_with_token_id_prompts_and_several_images(client, qwen2_di
         assert len(completion) == len(lps) == len(ids) == 5
         assert [step[0] for step in ids] == completion  # sampled token first
         assert all(1 <= len(step) <= 3 for step in lps)
+
+
+async def test_zstd_both_ways_gives_the_same_tokens_from_fewer_bytes(stack, qwen2_dir):
+    router = stack.router
+    chat = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": png_bytes(448, 448, seed=7, noise=False)},
+                {"type": "text", "text": "Describe."},
+            ],
+        }
+    ]
+    plain = await stack.client.chat(chat, temperature=0.0, max_tokens=6)
+    del router.exchanges[:]
+    async with AsyncTandemClient(
+        "http://render", "http://generate", model=qwen2_dir, transport=router, compression="zstd"
+    ) as zc:
+        packed = await zc.chat(chat, temperature=0.0, max_tokens=6)
+    assert packed.choices[0].token_ids == plain.choices[0].token_ids
+    (rendered,) = router.sent_to("/v1/chat/completions/render")
+    assert rendered.answer_encoding == "zstd"  # render compressed its binary answer
+    (sent,) = router.sent_to(GENERATE)
+    assert sent.status == 200 and sent.content_encoding == "zstd"
+    (item,) = sent.kwargs_data()["image"]
+    assert item is not None and len(sent.body) < len(item) // 10  # a flat image: tiny frame

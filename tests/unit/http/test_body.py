@@ -1,4 +1,4 @@
-"""read_body limits, content negotiation, wire_response and PartsResponse."""
+"""read_body limits and content codings, content negotiation, wire_response and PartsResponse."""
 
 from __future__ import annotations
 
@@ -12,17 +12,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tandem_http import (
+    AcceptEncodingMiddleware,
     PartsResponse,
     RequestIdMiddleware,
     install_error_handlers,
     negotiate,
     read_body,
+    read_raw_body,
     wire_response,
 )
+from tandem_wire import compress_zstd
 
 pytestmark = pytest.mark.anyio
 
 LIMIT = 16
+BIG_LIMIT = 64 * 1024
 MSGPACK = "application/vnd.msgpack"
 
 
@@ -34,6 +38,16 @@ def make_app() -> FastAPI:
     async def echo(request: Request) -> Response:
         return Response(await read_body(request, LIMIT), media_type="application/octet-stream")
 
+    @app.post("/echo-big")
+    async def echo_big(request: Request) -> Response:
+        body = await read_body(request, BIG_LIMIT)
+        return Response(body, media_type="application/octet-stream")
+
+    @app.post("/raw")
+    async def raw(request: Request) -> Response:
+        body = await read_raw_body(request, BIG_LIMIT)
+        return Response(body, media_type="application/octet-stream")
+
     @app.post("/formats")
     async def formats(request: Request) -> Response:
         body_fmt, reply_fmt = negotiate(request)
@@ -44,6 +58,7 @@ def make_app() -> FastAPI:
         return PartsResponse([b"", *(b"%d-" % i for i in range(count))], media_type="text/plain")
 
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(AcceptEncodingMiddleware)
     return app
 
 
@@ -169,3 +184,60 @@ async def test_parts_response_sends_every_piece_under_one_content_length(count: 
     assert r.headers["content-length"] == str(len(expected))
     assert r.headers["content-type"].startswith("text/plain")
     assert "x-request-id" in r.headers
+
+
+ZSTD_HEADERS = {"content-encoding": "zstd"}
+
+
+async def test_a_zstd_body_is_read_decoded_and_every_answer_advertises_zstd() -> None:
+    payload = bytes(range(256)) * 200  # 51,200 bytes, under the limit
+    async with client(make_app()) as c:
+        r = await c.post("/echo-big", content=compress_zstd(payload), headers=ZSTD_HEADERS)
+        plain = await c.post("/echo-big", content=b"as is")
+        missing = await c.get("/nowhere")
+    assert r.status_code == 200 and r.content == payload
+    assert plain.content == b"as is"
+    for answer in (r, plain, missing):
+        assert answer.headers["accept-encoding"] == "zstd"
+
+
+async def test_read_raw_body_keeps_the_body_as_sent() -> None:
+    frame = compress_zstd(b"q" * 40_000)
+    async with client(make_app()) as c:
+        r = await c.post("/raw", content=frame, headers=ZSTD_HEADERS)
+    assert r.content == frame
+
+
+async def test_a_zstd_bomb_is_413_and_the_service_keeps_serving() -> None:
+    bomb = compress_zstd(bytes(64 * 1024 * 1024))  # 64 MiB of zeros in a few KiB
+    assert len(bomb) < BIG_LIMIT
+    async with client(make_app()) as c:
+        r = await c.post("/echo-big", content=bomb, headers=ZSTD_HEADERS)
+        after = await c.post("/echo-big", content=b"still here")
+    assert r.status_code == 413
+    error = r.json()["error"]
+    assert error["type"] == "payload_too_large" and str(BIG_LIMIT) in error["message"]
+    assert after.content == b"still here"
+
+
+async def test_a_decoded_body_over_the_limit_is_413_even_when_small_on_the_wire() -> None:
+    payload = b"z" * (BIG_LIMIT + 1)
+    async with client(make_app()) as c:
+        r = await c.post("/echo-big", content=compress_zstd(payload), headers=ZSTD_HEADERS)
+    assert r.status_code == 413
+
+
+async def test_a_corrupt_zstd_body_is_malformed() -> None:
+    async with client(make_app()) as c:
+        r = await c.post("/echo-big", content=b"not zstd", headers=ZSTD_HEADERS)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "malformed_body"
+
+
+async def test_an_unknown_coding_is_415_before_the_body_is_read() -> None:
+    body = Chunks(b"x" * 8, 2)
+    async with client(make_app()) as c:
+        r = await c.post("/echo-big", content=body, headers={"content-encoding": "gzip"})
+    assert r.status_code == 415
+    assert r.json()["error"]["type"] == "unsupported_content_encoding"
+    assert r.headers["accept-encoding"] == "zstd"  # what to send instead (RFC 7694)
+    assert body.pulled == 0

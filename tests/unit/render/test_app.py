@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import msgspec
 import pytest
+import zstandard
 
 from tandem_render.app import create_app
 from tandem_render.settings import RenderSettings
-from tandem_wire import WireFormat, decode_generate_request, decode_generate_requests, decode_item
+from tandem_wire import (
+    WireFormat,
+    compress_zstd,
+    decode_body,
+    decode_generate_request,
+    decode_generate_requests,
+    decode_item,
+)
 
 from ...support.asgi import app_client
 from ...support.images import chat_body, data_url, png_bytes
@@ -18,6 +27,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 
 IMAGE_PAD = 1022
 MSGPACK = "application/vnd.msgpack"
+ZSTD = {"accept-encoding": "zstd"}
 
 
 @pytest.fixture
@@ -91,6 +101,45 @@ async def test_json_and_binary_bodies_carry_the_same_document(app, qwen2_dir):
     assert j.token_ids == m.token_ids
     assert j.features.mm_hashes == m.features.mm_hashes
     assert bytes(j.features.kwargs_data["image"][0]) == bytes(m.features.kwargs_data["image"][0])
+
+
+async def test_binary_answers_are_zstd_compressed_when_asked_and_json_never(
+    settings, qwen2_renderer, qwen2_dir
+):
+    body = chat_body(qwen2_dir, [data_url(png_bytes(seed=5))])
+    packed = msgspec.msgpack.encode(body)
+    binary = {"content-type": MSGPACK, "accept": MSGPACK}
+    path = "/v1/chat/completions/render"
+
+    async def post(c, content, headers):
+        # As sent: httpx would inflate a zstd answer by itself.
+        async with c.stream("POST", path, content=content, headers=headers) as r:
+            assert r.status_code == 200
+            return r.headers, b"".join([chunk async for chunk in r.aiter_raw()])
+
+    async with app_client(create_app(settings, renderer=qwen2_renderer)) as c:
+        plain = await post(c, packed, {**binary, "accept-encoding": "identity"})
+        asked = await post(c, packed, {**binary, "accept-encoding": "gzip, zstd"})
+        as_json = await post(c, msgspec.json.encode(body), {"accept-encoding": "zstd"})
+        zipped_in = await post(
+            c, compress_zstd(packed), {**binary, "content-encoding": "zstd", **ZSTD}
+        )
+    off = dataclasses.replace(settings, answer_zstd_level=0)
+    async with app_client(create_app(off, renderer=qwen2_renderer)) as c:
+        never = await post(c, packed, {**binary, **ZSTD})
+    assert "content-encoding" not in plain[0] and plain[0]["vary"] == "accept-encoding"
+    assert "content-encoding" not in as_json[0] and "content-encoding" not in never[0]
+    for headers, frame in (asked, zipped_in):
+        assert headers["content-encoding"] == "zstd"
+        assert zstandard.get_frame_parameters(frame).content_size > len(frame)
+    # Compressed or not, the same document (request ids aside).
+    docs = [
+        decode_generate_request(
+            decode_body(b, h.get("content-encoding", "identity"), 1 << 26), WireFormat.MSGPACK
+        )
+        for h, b in (plain, asked, never, zipped_in)
+    ]
+    assert len({msgspec.msgpack.encode(d.features) for d in docs}) == 1
 
 
 async def test_repeated_image_hits_the_item_cache(app, qwen2_dir):
