@@ -23,6 +23,7 @@ from tandem_http import (
     read_body,
     read_raw_body,
     service_app,
+    startup_objects_frozen,
 )
 from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import WireFormat, body_coding, decode_body, format_of_content_type
@@ -68,7 +69,8 @@ def create_app(
         app.state.forwarder = forwarder
         app.state.openai = OpenAIService(settings, upstreams, forwarder, text_side)
         try:
-            yield
+            with startup_objects_frozen():
+                yield
         finally:
             await upstreams.aclose()
             mark_process_dead(os.getpid())

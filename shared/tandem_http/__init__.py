@@ -24,7 +24,7 @@ from .errors import (
     error_response,
     install_error_handlers,
 )
-from .memory import keep_freed_memory, pretouch
+from .memory import keep_freed_memory, pretouch, startup_objects_frozen
 from .metrics import (
     MULTIPROC_ENV,
     mark_process_dead,
@@ -84,6 +84,7 @@ __all__ = [
     "run_server",
     "serve_settings",
     "service_app",
+    "startup_objects_frozen",
     "settings_from_cli",
     "settings_from_json",
     "settings_to_json",

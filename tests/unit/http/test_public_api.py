@@ -26,6 +26,7 @@ def test_public_api_is_pinned() -> None:
             "HeldStreamingResponse",
             "Slot",
             "admitted",
+            "startup_objects_frozen",
             "api_keys",
             "ModelNotFound",
             "Overloaded",
