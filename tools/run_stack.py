@@ -26,6 +26,9 @@ MAX_RESTARTS = 5
 RESTART_WINDOW_S = 600.0
 
 
+EMBEDS_EXAMPLE_MODELS = ("qwen2-vl", "qwen2.5-vl")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
@@ -53,9 +56,12 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model or "qwen2-vl"
     media = args.media or (["audio"] if model in AUDIO_MODELS else ["image", "video"])
+    # Precomputed image embeddings (an opt-in) on for the tiny models its example is known to
+    # work with: their vision tower in transformers gives what vLLM's engine takes.
+    embeds = ["--enable-mm-embeds"] if model in EMBEDS_EXAMPLE_MODELS else []
     if model in MODELS:
         model = str(ensure_model(model))
-    render_args = ["--model", model, "--port", str(args.render_port)]
+    render_args = ["--model", model, "--port", str(args.render_port), *embeds]
     if args.render_workers:
         render_args += ["--workers", str(args.render_workers)]
     render = ServerProcess("render", python_module("tandem_render", *render_args), args.render_port)
@@ -72,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             # Bound to 127.0.0.1 with no key: the control routes are for the local trainer.
             "--enable-control-routes",
             *weight_transfer_args(args.weight_dir),
+            *embeds,
             *shlex.split(args.engine_args),
         ),
         args.generate_port,
@@ -111,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             ),
             ["openai_chat.py", "--media", media[0], "--url", front.url],
         ]
+        if embeds:
+            examples.append(
+                ["image_embeds.py", "--render-url", front.url, "--generate-url", front.url]
+            )
         for example in examples:
             done = subprocess.run(
                 [sys.executable, str(ROOT / "examples" / example[0]), *example[1:]], check=False
