@@ -97,7 +97,7 @@ def test_grpo_rollout_example(fleet, weight_dir):
 
 
 def test_make_demo_starts_the_stack_runs_the_examples_and_stops():
-    run(
+    done = run(
         "-m",
         "tools.run_stack",
         "--demo",
@@ -111,3 +111,5 @@ def test_make_demo_starts_the_stack_runs_the_examples_and_stops():
         "1",
         timeout=900,
     )
+    # examples/image_embeds.py: the vision tower's embeddings give the image's own tokens.
+    assert "same tokens: True" in done.stdout
