@@ -140,6 +140,10 @@ class InputBuilder:
         return out
 
     def _decode(self, entry: ItemBytes, tenant: str, modality: str) -> StoredItem:
+        if isinstance(entry, memoryview):
+            # A msgpack entry is a view into the whole request body: stored as it is, it would
+            # keep the body's other items alive too, past the store's byte budget (one memcpy).
+            entry = bytes(entry)
         wire = decode_item(entry, self.limits)
         try:
             # Undone first: the rebuilt tensors face the same checks as any item's.

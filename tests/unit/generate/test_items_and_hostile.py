@@ -74,6 +74,34 @@ async def test_null_kwargs_reuse_the_cached_item(app, qwen2_renderer, qwen2_dir)
         assert "tandem_generate_item_cache_misses_total 0.0" in metrics
 
 
+def root_buffer(obj):
+    """The object whose memory an array or view ultimately holds on to."""
+    while True:
+        if isinstance(obj, np.ndarray) and obj.base is not None:
+            obj = obj.base
+        elif isinstance(obj, memoryview):
+            obj = obj.obj
+        else:
+            return obj
+
+
+async def test_stored_items_hold_their_own_bytes_not_the_request_body(
+    app, qwen2_renderer, qwen2_dir
+):
+    req = await render(qwen2_renderer, qwen2_dir, [14, 15, 16], **GREEDY)
+    body = encode_generate_request(req, WireFormat.MSGPACK)
+    async with app_client(app) as c:
+        await post(c, req, binary=True)
+    stored = list(app.state.service.items._items.values())
+    assert len(stored) == 3
+    for item in stored:
+        for field in item.wire.values():
+            held = root_buffer(field.data)
+            if isinstance(held, (bytes, bytearray)):
+                # Within the item's own bytes (the body of three is over three times as big).
+                assert len(held) <= item.nbytes < len(body) / 2
+
+
 async def test_cache_miss_is_a_409_naming_the_missing_hashes(app, qwen2_renderer, qwen2_dir):
     req = await render(qwen2_renderer, qwen2_dir, [12, 13], **GREEDY)
     unknown = with_hashes(nulls(req), ["f" * 64, "e" * 64])
