@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from .helpers import cpu_engine
+
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
@@ -18,27 +20,17 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="session")
 async def qwen2_engine(qwen2_dir, anyio_backend):
     # An async session fixture keeps anyio's event loop alive across the tests.
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from tandem_generate.engine import Engine
-
-    engine = Engine(
-        AsyncEngineArgs(
-            model=qwen2_dir,
-            enforce_eager=True,
-            max_model_len=4096,
-            max_num_seqs=8,
-            max_logprobs=8,
-            seed=0,
-            # Enforced by the service itself (test_items_and_hostile).
-            limit_mm_per_prompt={"image": 4},
-            # Precomputed embeddings (test_embeds). With the image limit above 0 this changes
-            # nothing for pixel inputs: vLLM reads it only when parsing embedding inputs.
-            enable_mm_embeds=True,
-            # The file weight-transfer backend (tests/unit/generate/test_weight_updates.py);
-            # tests that change the weights push the original ones back.
-            weight_transfer_config={"backend": "tandem_file"},
-        )
+    engine = cpu_engine(
+        qwen2_dir,
+        max_num_seqs=8,
+        # Enforced by the service itself (test_items_and_hostile).
+        limit_mm_per_prompt={"image": 4},
+        # Precomputed embeddings (test_embeds). With the image limit above 0 this changes
+        # nothing for pixel inputs: vLLM reads it only when parsing embedding inputs.
+        enable_mm_embeds=True,
+        # The file weight-transfer backend (tests/unit/generate/test_weight_updates.py);
+        # tests that change the weights push the original ones back.
+        weight_transfer_config={"backend": "tandem_file"},
     )
     yield engine
     engine.shutdown()

@@ -30,6 +30,24 @@ MSGPACK = "application/vnd.msgpack"
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
 
 
+def cpu_engine(model: str, **overrides):
+    """Our Engine over vLLM's CPU build with the tests' settings (eager, a 4k context, seed 0,
+    logprobs up to 8); ``overrides``: more AsyncEngineArgs."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from tandem_generate.engine import Engine
+
+    args = {
+        "model": model,
+        "enforce_eager": True,
+        "max_model_len": 4096,
+        "max_num_seqs": 4,
+        "max_logprobs": 8,
+        "seed": 0,
+    }
+    return Engine(AsyncEngineArgs(**{**args, **overrides}))
+
+
 def generate_app(engine, model: str, **overrides):
     # No pre-faulting per app (tests/unit/http/test_memory.py covers it).
     base = GenerateSettings(served_model_names=(model,), pretouch_item_cache=False)

@@ -16,7 +16,7 @@ from ...support.asgi import app_client
 from ...support.audio import audio_bytes, audio_chat, audio_url_part, input_audio_part
 from ...support.images import data_url
 from ...support.vllm_chat import generate_steps
-from .helpers import generate_app, post
+from .helpers import cpu_engine, generate_app, post
 from .parity import GREEDY_WITH_LOGPROBS, assert_same_steps, ours, reference
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
@@ -25,20 +25,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
 @pytest.fixture(scope="module")
 async def qwen2_audio_engine(qwen2_audio_dir, anyio_backend):
     """The session's one Qwen2-Audio engine (only this module starts it; stopped after it)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from tandem_generate.engine import Engine
-
-    engine = Engine(
-        AsyncEngineArgs(
-            model=qwen2_audio_dir,
-            enforce_eager=True,
-            max_model_len=4096,
-            max_num_seqs=4,
-            max_logprobs=8,
-            seed=0,
-        )
-    )
+    engine = cpu_engine(qwen2_audio_dir)
     yield engine
     engine.shutdown()
 

@@ -12,7 +12,7 @@ from tandem_wire import PlaceholderRange
 from ...support.asgi import app_client
 from ...support.images import data_url, mp4_bytes
 from ...support.vllm_chat import generate_steps
-from .helpers import generate_app, post
+from .helpers import cpu_engine, generate_app, post
 from .parity import GREEDY_WITH_LOGPROBS, assert_same_steps, ours, reference
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
@@ -27,20 +27,7 @@ def video_chat(model: str, seed: int = 0) -> dict:
 @pytest.fixture(scope="module")
 async def qwen3_engine(qwen3_renderer, anyio_backend):
     """The session's one Qwen3-VL engine (only this module starts it; stopped after it)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from tandem_generate.engine import Engine
-
-    engine = Engine(
-        AsyncEngineArgs(
-            model=qwen3_renderer.model_config.model,
-            enforce_eager=True,
-            max_model_len=4096,
-            max_num_seqs=4,
-            max_logprobs=8,
-            seed=0,
-        )
-    )
+    engine = cpu_engine(qwen3_renderer.model_config.model)
     yield engine
     engine.shutdown()
 
