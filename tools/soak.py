@@ -21,7 +21,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,20 @@ def processes(servers: list[ServerProcess]) -> dict[str, psutil.Process]:
 
 def access_count(server: ServerProcess, status: int) -> int:
     return server.log_text(tail=10**9).count(f'"POST /inference/v1/generate HTTP/1.1" {status}')
+
+
+async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """A server-sent event stream's lines, split on CR, LF or CRLF only, as the SSE spec says.
+    httpx's ``aiter_lines`` also splits on U+2028, U+0085 and the like, which JSON leaves
+    unescaped: random-weight models do sample them, and a chat chunk was cut in two."""
+    rest = ""
+    async for text in response.aiter_text():
+        rest += text
+        *lines, rest = rest.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
 
 
 class Load:
@@ -299,10 +313,14 @@ class Load:
                 return
             tokens: dict[int, list[int]] = {}
             if op.stream:
-                async for line in response.aiter_lines():
+                async for line in sse_lines(response):
                     if not line.startswith("data: {"):
                         continue
-                    chunk = json.loads(line[6:])
+                    try:
+                        chunk = json.loads(line[6:])
+                    except json.JSONDecodeError as exc:  # a broken event: the server's fault
+                        outcome.error = f"unreadable stream event: {exc}"
+                        return
                     outcome.echoed_id = chunk.get("request_id")
                     for choice in chunk["choices"]:
                         tokens.setdefault(choice["index"], []).extend(choice.get("token_ids") or [])
