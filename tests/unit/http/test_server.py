@@ -207,3 +207,53 @@ def test_a_worker_that_cannot_start_is_given_up_on(tmp_path: Path) -> None:
     assert b"giving up" in out
     delays = re.findall(rb"worker 0 \(pid \d+\) exited with \d+; restarting in (\d+) s", out)
     assert delays[:4] == [b"1", b"2", b"4", b"8"]
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 answer (head and Content-Length body) from a kept-alive socket; b"" when
+    the server has closed it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head
+
+
+def test_idle_connections_outlive_the_clients_keep_alive(tmp_path: Path) -> None:
+    # httpx and the OpenAI SDK drop idle connections after 5 s; were the server to close at
+    # the same moment (uvicorn's default), a request sent then would meet a reset.
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    with (tmp_path / "server.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCH, str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}")
+        ask = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(ask)
+            assert _read_answer(sock).startswith(b"HTTP/1.1 200")
+            time.sleep(7)
+            sock.sendall(ask)
+            assert _read_answer(sock).startswith(b"HTTP/1.1 200")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            print((tmp_path / "server.log").read_text())
