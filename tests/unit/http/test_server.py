@@ -229,17 +229,7 @@ def test_idle_connections_outlive_the_clients_keep_alive(tmp_path: Path) -> None
     # httpx and the OpenAI SDK drop idle connections after 5 s; were the server to close at
     # the same moment (uvicorn's default), a request sent then would meet a reset.
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    with (tmp_path / "server.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _LAUNCH, str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = _launch(port, "tests.unit.http.factory_app:create", tmp_path)
     try:
         _wait_healthy(proc, f"http://127.0.0.1:{port}")
         ask = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -250,10 +240,4 @@ def test_idle_connections_outlive_the_clients_keep_alive(tmp_path: Path) -> None
             sock.sendall(ask)
             assert _read_answer(sock).startswith(b"HTTP/1.1 200")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            print((tmp_path / "server.log").read_text())
+        _stop(proc)
