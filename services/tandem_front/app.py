@@ -23,7 +23,6 @@ from tandem_http import (
     read_body,
     read_raw_body,
     service_app,
-    startup_objects_frozen,
 )
 from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import WireFormat, body_coding, decode_body, format_of_content_type
@@ -69,8 +68,7 @@ def create_app(
         app.state.forwarder = forwarder
         app.state.openai = OpenAIService(settings, upstreams, forwarder, text_side)
         try:
-            with startup_objects_frozen():
-                yield
+            yield
         finally:
             await upstreams.aclose()
             mark_process_dead(os.getpid())

@@ -25,7 +25,6 @@ from tandem_http import (
     principal_of,
     read_body,
     service_app,
-    startup_objects_frozen,
     wire_response,
 )
 from tandem_http.openapi import BodySchemas, install_openapi
@@ -90,8 +89,7 @@ def create_app(
             watch = asyncio.create_task(_report_death(engine))
             watch.add_done_callback(lambda t: t.cancelled() or on_engine_dead())
         try:
-            with startup_objects_frozen():
-                yield
+            yield
         finally:
             if watch is not None:
                 watch.cancel()

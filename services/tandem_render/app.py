@@ -24,7 +24,6 @@ from tandem_http import (
     pretouch,
     read_body,
     service_app,
-    startup_objects_frozen,
 )
 from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import (
@@ -70,8 +69,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         loader = MediaLoader(settings.media_policy())
         app.state.service = RenderService(settings, engine_renderer, loader, metrics)
         try:
-            with startup_objects_frozen():
-                yield
+            yield
         finally:
             await loader.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges stop counting

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from .auth import ApiKeyMiddleware
 from .body import AcceptEncodingMiddleware
 from .errors import install_error_handlers
+from .memory import startup_objects_frozen
 from .request_id import RequestIdMiddleware
 
 __all__ = ["models_response", "service_app"]
@@ -25,8 +26,17 @@ def service_app(
     """An app with the API-key check (``/health`` open), request ids, the error handlers and
     ``Accept-Encoding: zstd`` on every answer (its routes read bodies with ``read_body``, which
     decodes them). FastAPI's own schema route is off: its routes read raw wire bodies, so each
-    service serves a document with their schemas filled in (``tandem_http.openapi``)."""
-    app = FastAPI(title=title, lifespan=lifespan, openapi_url=None)
+    service serves a document with their schemas filled in (``tandem_http.openapi``). While it
+    serves, the objects its start-up left are frozen out of the cyclic garbage collector
+    (``startup_objects_frozen``)."""
+
+    @asynccontextmanager
+    async def serving(app: FastAPI) -> AsyncIterator[None]:
+        async with lifespan(app):
+            with startup_objects_frozen():
+                yield
+
+    app = FastAPI(title=title, lifespan=serving, openapi_url=None)
     app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=("/health",))
     app.add_middleware(RequestIdMiddleware)
     # Outermost: 401s and the error handlers' answers advertise it too.
