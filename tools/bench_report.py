@@ -110,6 +110,7 @@ def payload_row(proc: Any, kind: str, label: str, image: Image.Image, reps: int)
     docs = bench_wire.documents(sample)
     elided = docs["binary + elision"]
     packed = compress_zstd(elided)
+    deltas = bench_wire.row_delta_coding(sample, docs)
     mb = len(elided) / 1e6
 
     def cpu_runs(fn: Callable[[], object]) -> list[float]:
@@ -152,6 +153,9 @@ def payload_row(proc: Any, kind: str, label: str, image: Image.Image, reps: int)
         "held_repeat": len(encode_generate_request(held, WireFormat.MSGPACK)),
         "zstd_compress_ms_per_mb": stat(cpu_runs(lambda: compress_zstd(elided))),
         "zstd_decompress_ms_per_mb": stat(cpu_runs(lambda: decode_body(packed, ZSTD, len(elided)))),
+        "binary_deltas_zstd": len(deltas.packed),
+        "deltas_zstd_compress_ms_per_mb": stat(cpu_runs(deltas.compress)),
+        "deltas_zstd_decompress_ms_per_mb": stat(cpu_runs(deltas.decompress)),
     }
 
 

@@ -55,8 +55,11 @@ def payload_md(section: dict[str, Any], losses: list[str]) -> list[str]:
         "The generate request of one image with its real prompt, in each form (MB; ratios are "
         "over upstream's JSON). Image file: PNG for noise, JPEG (quality 90) for photographs "
         "(scikit-image's `coffee`, resized; the native rows are its sample photos as shipped). "
-        "Raw tensor: the processor's output (uint8 `pixel_values` + `image_grid_thw`). Held: a "
-        "repeat of an image the generate node already holds (its content id, a null entry).",
+        "Raw tensor: the processor's output (uint8 `pixel_values` + `image_grid_thw`). + zstd: "
+        "the elided document at zstd level 1; + row deltas, zstd: what a compressing client "
+        "sends (`qwen_vl.patch_row_delta/v1`, then zstd 1), its CPU per MB of the uncompressed "
+        "document including each side's transform. Held: a repeat of an image the generate node "
+        "already holds (its content id, a null entry).",
         "",
         "![payload by resolution](payload_by_resolution.png)",
         "",
@@ -73,11 +76,12 @@ def payload_md(section: dict[str, Any], losses: list[str]) -> list[str]:
                 f"{r['ours_json'] / up:.3f}x",
                 f"{r['ours_binary'] / up:.3f}x",
                 f"**{r['binary_elided'] / up:.3f}x**",
-                f"**{r['binary_elided_zstd'] / up:.3f}x**",
+                f"{r['binary_elided_zstd'] / up:.3f}x",
+                f"**{r['binary_deltas_zstd'] / up:.3f}x**",
                 f"{r['held_repeat']} B",
-                cell(r["zstd_compress_ms_per_mb"], 2)
+                cell(r["deltas_zstd_compress_ms_per_mb"], 2)
                 + " / "
-                + cell(r["zstd_decompress_ms_per_mb"], 2),
+                + cell(r["deltas_zstd_decompress_ms_per_mb"], 2),
             ]
         )
     out += table(
@@ -90,31 +94,40 @@ def payload_md(section: dict[str, Any], losses: list[str]) -> list[str]:
             "ours binary",
             "+ elision",
             "+ zstd",
+            "+ row deltas, zstd",
             "held repeat",
-            "zstd ms/MB compress / decompress",
+            "row deltas + zstd ms/MB render / generate",
         ],
         body,
     )
     elided = [r["binary_elided"] / r["upstream_json"] for r in rows]
     photos = [r for r in rows if r["kind"] == "photo"]
-    zstd = [r["binary_elided_zstd"] / r["upstream_json"] for r in photos]
-    comp = [med(r["zstd_compress_ms_per_mb"]) for r in photos]
-    dec = [med(r["zstd_decompress_ms_per_mb"]) for r in photos]
+    zstd = [r["binary_deltas_zstd"] / r["upstream_json"] for r in photos]
+    comp = [med(r["deltas_zstd_compress_ms_per_mb"]) for r in photos]
+    dec = [med(r["deltas_zstd_decompress_ms_per_mb"]) for r in photos]
+    plain_comp = [med(r["zstd_compress_ms_per_mb"]) for r in photos]
     out.append(
         f"Targets: first-seen image <= {TARGET_ELIDED}x with elision: {min(elided):.3f}-"
         f"{max(elided):.3f}x, {verdict(max(elided) <= TARGET_ELIDED)}. Photographs <= "
-        f"{TARGET_ZSTD_PHOTO}x with compression: {min(zstd):.3f}-{max(zstd):.3f}x, "
-        f"{verdict(max(zstd) <= TARGET_ZSTD_PHOTO)}; at <= {TARGET_ZSTD_MS_PER_MB} ms CPU per MB "
-        f"each side: compress {min(comp):.2f}-{max(comp):.2f}, decompress {min(dec):.2f}-"
-        f"{max(dec):.2f} ms/MB, {verdict(max(comp + dec) <= TARGET_ZSTD_MS_PER_MB)}."
+        f"{TARGET_ZSTD_PHOTO}x with compression (row deltas, zstd): {min(zstd):.3f}-"
+        f"{max(zstd):.3f}x, {verdict(max(zstd) <= TARGET_ZSTD_PHOTO)}; at <= "
+        f"{TARGET_ZSTD_MS_PER_MB} ms CPU per MB each side: render {min(comp):.2f}-{max(comp):.2f}, "
+        f"generate {min(dec):.2f}-{max(dec):.2f} ms/MB, "
+        f"{verdict(max(comp + dec) <= TARGET_ZSTD_MS_PER_MB)}."
     )
     out.append("")
-    if max(zstd) > TARGET_ZSTD_PHOTO or max(comp + dec) > TARGET_ZSTD_MS_PER_MB:
+    if max(zstd) > TARGET_ZSTD_PHOTO:
         losses.append(
-            f"Compression: zstd level 1 leaves photographs at {min(zstd):.2f}-{max(zstd):.2f}x of "
-            f"upstream's bytes (target {TARGET_ZSTD_PHOTO}x) and costs {min(comp):.1f}-"
-            f"{max(comp):.1f} ms/MB to compress (target {TARGET_ZSTD_MS_PER_MB}): generic coders "
-            "find little in raw pixels (see the content-coding table)."
+            f"Compression: row deltas and zstd level 1 leave photographs at {min(zstd):.2f}-"
+            f"{max(zstd):.2f}x of upstream's bytes (target {TARGET_ZSTD_PHOTO}x)."
+        )
+    if max(comp + dec) > TARGET_ZSTD_MS_PER_MB:
+        losses.append(
+            f"Compression CPU: {min(comp):.1f}-{max(comp):.1f} ms/MB on render and {min(dec):.1f}-"
+            f"{max(dec):.1f} on generate (target {TARGET_ZSTD_MS_PER_MB}). zstd level 1 alone "
+            f"takes {min(plain_comp):.1f}-{max(plain_comp):.1f} ms/MB to compress on this machine; "
+            "the coders fast enough for 1 ms/MB (lz4, zstd's negative levels) have no entropy "
+            "stage and leave pixels, deltas or not, near their size (the content-coding table)."
         )
     codecs = section.get("codecs") or []
     if codecs:
@@ -380,6 +393,7 @@ def plots(report: dict[str, Any], out_dir: Path) -> list[str]:
             ("ours binary", "ours_binary"),
             ("+ elision", "binary_elided"),
             ("+ zstd", "binary_elided_zstd"),
+            ("+ row deltas, zstd", "binary_deltas_zstd"),
         ]
         kinds = sorted({r["kind"] for r in sized})
         fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.2), squeeze=False)

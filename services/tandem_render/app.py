@@ -27,6 +27,7 @@ from tandem_http import (
 )
 from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import (
+    BODY_CODING_HEADER,
     MIN_COMPRESSED_BYTES,
     WIRE_TRANSFORMS_HEADER,
     ZSTD,
@@ -76,7 +77,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
 
     app = service_app("Tandem render", lifespan, settings.api_key)
 
-    async def request_body(request: Request) -> tuple[bytes, Any, Any, frozenset[str]]:
+    async def request_body(request: Request) -> tuple[bytes, Any, Any, frozenset[str], bool]:
         body = await read_body(request, settings.max_body_bytes)
         in_fmt, out_fmt = negotiate(request)
         # Wire transforms only in binary answers: a JSON answer stays upstream's bytes.
@@ -85,7 +86,8 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
             if out_fmt is WireFormat.MSGPACK
             else frozenset()
         )
-        return body, in_fmt, out_fmt, transforms
+        coded = accepts_coding(request.headers.get(BODY_CODING_HEADER), ZSTD)
+        return body, in_fmt, out_fmt, transforms, coded
 
     def respond(answer: Any, out_fmt: WireFormat, request: Request) -> Response:
         parts = encode_generate_request_parts(answer, out_fmt)
@@ -105,15 +107,15 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     @app.post(CHAT_PATH)
     @admitted(gate)
     async def render_chat(request: Request) -> Response:
-        body, in_fmt, out_fmt, transforms = await request_body(request)
-        result = await request.app.state.service.render_chat(body, in_fmt, transforms)
+        body, in_fmt, out_fmt, transforms, coded = await request_body(request)
+        result = await request.app.state.service.render_chat(body, in_fmt, transforms, coded)
         return respond(result, out_fmt, request)
 
     @app.post(COMPLETION_PATH)
     @admitted(gate)
     async def render_completion(request: Request) -> Response:
-        body, in_fmt, out_fmt, transforms = await request_body(request)
-        results = await request.app.state.service.render_completion(body, in_fmt, transforms)
+        body, in_fmt, out_fmt, transforms, coded = await request_body(request)
+        results = await request.app.state.service.render_completion(body, in_fmt, transforms, coded)
         return respond(results, out_fmt, request)
 
     @app.get("/health")

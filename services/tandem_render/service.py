@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import blake3
 import msgspec
 
-from tandem_wire import ANY_WIRE_TRANSFORM, GenerateRequest, WireFormat, decode_document
+from tandem_wire import GenerateRequest, WireFormat, decode_document
 
 from .caches import ItemCache, new_answer_cache
 from .media import MediaLoader
@@ -49,8 +49,10 @@ class Renderer(Protocol):
 
     def new_decoded_cache(self, budget_bytes: int) -> Any: ...
 
-    wire_transform_names: frozenset[str]
-    """The wire transforms this model's items can travel in (``tandem_vllm.wire_transforms``)."""
+    def accepted_wire_transforms(self, asked: frozenset[str], coded: bool) -> frozenset[str]:
+        """Those of this model's wire transforms (``tandem_vllm.wire_transforms``) that a
+        caller asking for ``asked`` (``*``: any) takes; ``coded``: it compresses its bodies."""
+        ...
 
     def encode_item(self, item: Any, transforms: frozenset[str] = frozenset()) -> bytes: ...
 
@@ -88,11 +90,16 @@ class RenderService:
         self.answers = new_answer_cache(settings.answer_cache_bytes, settings.answer_cache_ttl_s)
 
     async def render_chat(
-        self, raw: bytes, fmt: WireFormat, transforms: frozenset[str] = frozenset()
+        self,
+        raw: bytes,
+        fmt: WireFormat,
+        transforms: frozenset[str] = frozenset(),
+        coded: bool = False,
     ) -> GenerateRequest[bytes | None]:
         """``transforms``: the wire transforms the caller accepts (``*``: any), applied where
-        this model has them and they are exact."""
-        names = self._wire_transforms(transforms)
+        this model has them and they are exact; ``coded``: the caller compresses its bodies
+        (``*`` then takes the transforms that only pay under compression too)."""
+        names = self.renderer.accepted_wire_transforms(transforms, coded)
         with self._account("chat"):
             key = ("chat", names, blake3.blake3(raw).hexdigest())
             hit = self.answers.get(key)
@@ -119,9 +126,13 @@ class RenderService:
             self.answers.put(key, (result, keeps_id))
 
     async def render_completion(
-        self, raw: bytes, fmt: WireFormat, transforms: frozenset[str] = frozenset()
+        self,
+        raw: bytes,
+        fmt: WireFormat,
+        transforms: frozenset[str] = frozenset(),
+        coded: bool = False,
     ) -> list[GenerateRequest[bytes | None]]:
-        names = self._wire_transforms(transforms)
+        names = self.renderer.accepted_wire_transforms(transforms, coded)
         with self._account("completion"):
             body = decode_document(raw, Any, fmt)
             prepared = prepare_completion(body, self.limits, self.renderer.vocab_size)
@@ -143,10 +154,6 @@ class RenderService:
             return await self.renderer.render_completion(
                 prepared.body, prompt_media, self._encoder(names)
             )
-
-    def _wire_transforms(self, asked: frozenset[str]) -> frozenset[str]:
-        ours = self.renderer.wire_transform_names
-        return ours if ANY_WIRE_TRANSFORM in asked else ours & asked
 
     def _encoder(self, transforms: frozenset[str]) -> Callable[[str, Any], bytes]:
         def encode(mm_hash: str, item: Any) -> bytes:

@@ -163,7 +163,6 @@ class EngineRenderer:
         self.wire_transforms = wire_transforms_for(
             mm_processor.info.get_hf_processor() if mm_processor is not None else None
         )
-        self.wire_transform_names = self.wire_transforms.names
         self.video_limits = VideoLimits(
             max_seconds=settings.max_video_seconds,
             max_frames=settings.max_video_frames,
@@ -192,6 +191,9 @@ class EngineRenderer:
 
     def new_decoded_cache(self, budget_bytes: int) -> DecodedCache:
         return DecodedCache(budget_bytes, decoded_size)
+
+    def accepted_wire_transforms(self, asked: frozenset[str], coded: bool) -> frozenset[str]:
+        return self.wire_transforms.accepted(asked, coded)
 
     def encode_item(self, item: Any, transforms: frozenset[str] = frozenset()) -> bytes:
         """Wire bytes of an item, in those of ``transforms`` this model has where exact."""

@@ -26,6 +26,7 @@ from .content_coding import (
 from .content_ids import content_id
 from .documents import (
     ANY_WIRE_TRANSFORM,
+    BODY_CODING_HEADER,
     JSON_CONTENT_TYPE,
     MSGPACK_CONTENT_TYPE,
     WIRE_TRANSFORMS_HEADER,
@@ -93,6 +94,7 @@ from .safetensors_codec import decode_safetensors, encode_safetensors
 
 __all__ = [
     "ANY_WIRE_TRANSFORM",
+    "BODY_CODING_HEADER",
     "BatchedLayout",
     "ChoiceLogprobs",
     "DEFAULT_LIMITS",

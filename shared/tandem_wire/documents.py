@@ -23,6 +23,7 @@ __all__ = [
     "format_for_accept",
     "WIRE_TRANSFORMS_HEADER",
     "ANY_WIRE_TRANSFORM",
+    "BODY_CODING_HEADER",
     "accepted_wire_transforms",
     "decode_generate_request",
     "decode_generate_requests",
@@ -83,7 +84,13 @@ WIRE_TRANSFORMS_HEADER = "x-tandem-wire-transforms"
 binary (msgpack) answer; JSON answers stay upstream's bytes whatever this says."""
 
 ANY_WIRE_TRANSFORM = "*"
-"""In ``WIRE_TRANSFORMS_HEADER``: every transform the render node has for its model."""
+"""In ``WIRE_TRANSFORMS_HEADER``: every transform the render node has for its model (those
+that only pay under compression only with ``BODY_CODING_HEADER``)."""
+
+BODY_CODING_HEADER = "x-tandem-body-coding"
+"""Request header to render: the content coding (``zstd``) the generate bodies the caller makes
+of the answer travel in. With ``*`` it also grants the transforms that shrink a body only under
+a coding (row deltas); ``Accept-Encoding`` says nothing of the next hop, so it cannot."""
 
 _MAX_ACCEPTED_TRANSFORMS = 32
 

@@ -95,6 +95,7 @@ def test_wire_public_api_is_pinned():
     assert sorted(tandem_wire.__all__) == sorted(
         [
             "ANY_WIRE_TRANSFORM",
+            "BODY_CODING_HEADER",
             "BatchedLayout",
             "ChoiceLogprobs",
             "content_id",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tandem_client import AsyncTandemClient
-from tandem_vllm.wire_transforms import TemporalDedup
+from tandem_vllm.wire_transforms import PatchRowDelta, TemporalDedup
 from tandem_wire import (
     FieldElem,
     FieldTransform,
@@ -28,6 +28,7 @@ from .test_client_e2e import GENERATE, Router, image_chat
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
 
 DEDUP = TemporalDedup.name
+DELTA = PatchRowDelta.name
 PIXELS = "pixel_values"
 UNSUPPORTED = "unsupported_wire_transform"
 INVALID = "invalid_mm_item"
@@ -69,6 +70,13 @@ async def test_elided_images_give_the_engine_the_same_tensor(
         "json": AsyncTandemClient(  # upstream's JSON: never elided, whatever it asks
             "http://render", "http://generate", model=qwen2_dir, transport=router, binary=False
         ),
+        "delta": AsyncTandemClient(  # compressing: row deltas, which pay only under a coding
+            "http://render",
+            "http://generate",
+            model=qwen2_dir,
+            transport=router,
+            compression="zstd",
+        ),
     }
     import httpx
 
@@ -85,24 +93,28 @@ async def test_elided_images_give_the_engine_the_same_tensor(
             await client.aclose()
 
     exchanges = router.sent_to(GENERATE)
-    assert [e.status for e in exchanges] == [200] * 4
+    assert [e.status for e in exchanges] == [200] * 5
     # What went over the wire: half the pixel bytes, declared; whole tensors otherwise.
     assert items["elided"].transform == FieldTransform(
         DEDUP, {"channels": 3, "temporal_patch_size": 2}
     )
     assert items["whole"].transform is None and items["json"].transform is None
+    assert items["delta"].transform == FieldTransform(
+        DELTA, {"channels": 3, "temporal_patch_size": 2, "frames": 1}
+    )
+    assert exchanges[3].content_encoding == "zstd"
     whole = items["whole"].data
     assert items["elided"].data.nbytes * 2 == whole.nbytes
     assert items["json"].data.tobytes() == whole.tobytes()
     assert len(exchanges[0].body) < len(exchanges[1].body) - whole.nbytes // 2 + 200
     # What the engine computed from it: the same, to the last logprob bit.
     reference = answers["whole"]
-    for name in ("elided", "json"):
+    for name in ("elided", "json", "delta"):
         assert answers[name].choices[0].token_ids == reference.choices[0].token_ids, name
         assert logprobs(answers[name]) == logprobs(reference), name
     # A repeat of a held image costs its hash only.
-    assert sent_pixels(exchanges[3]) == [None]
-    assert len(exchanges[3].body) < 4000
+    assert sent_pixels(exchanges[4]) == [None]
+    assert len(exchanges[4].body) < 4000
     assert repeat.choices[0].token_ids == reference.choices[0].token_ids
 
 
@@ -138,6 +150,9 @@ async def test_unknown_or_lying_declarations_are_typed_4xx(qwen2_engine, qwen2_r
         ("declared on the whole tensor", PIXELS, whole, t(), INVALID),
         ("rows lost", PIXELS, half[:-4], t(), INVALID),
         ("rows of a narrower tensor", PIXELS, narrow, t(channels=2), INVALID),
+        ("delta of 3 frames", PIXELS, None, t(DELTA, frames=3), INVALID),
+        ("delta without frames", PIXELS, None, t(DELTA), INVALID),
+        ("delta of the whole tensor", PIXELS, whole, t(DELTA, frames=1), INVALID),
     ]
     app = generate_app(qwen2_engine, qwen2_dir)
     headers = {"content-type": MSGPACK, "accept": MSGPACK}

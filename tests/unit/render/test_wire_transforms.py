@@ -8,8 +8,9 @@ import pytest
 
 from tandem_render.app import create_app
 from tandem_render.settings import RenderSettings
-from tandem_vllm.wire_transforms import TemporalDedup
+from tandem_vllm.wire_transforms import PatchRowDelta, TemporalDedup
 from tandem_wire import (
+    BODY_CODING_HEADER,
     WIRE_TRANSFORMS_HEADER,
     WireFormat,
     decode_generate_request,
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 
 MSGPACK = "application/vnd.msgpack"
 DEDUP = TemporalDedup.name
+DELTA = PatchRowDelta.name
 
 
 @pytest.fixture
@@ -36,10 +38,12 @@ def body(model, seed=0, **extra):
     return chat_body(model, [data_url(png_bytes(448, 448, seed=seed))], request_id="r1", **extra)
 
 
-async def post(c, doc, *, binary, transforms=None, path="/v1/chat/completions/render"):
+async def post(c, doc, *, binary, transforms=None, path="/v1/chat/completions/render", zstd=False):
     headers = {"accept": MSGPACK} if binary else {}
     if transforms is not None:
         headers[WIRE_TRANSFORMS_HEADER] = transforms
+    if zstd:
+        headers[BODY_CODING_HEADER] = "zstd"
     r = await c.post(path, json=doc, headers=headers)
     assert r.status_code == 200, r.text
     return r.content
@@ -113,3 +117,27 @@ async def test_caches_keep_elided_and_whole_items_apart(app, qwen2_dir):
     assert decode_item(second[0])["pixel_values"].transform is None
     assert third == second and fourth == first
     assert msgspec.msgpack.decode(first[0]) != msgspec.msgpack.decode(second[0])
+
+
+async def test_row_deltas_go_to_callers_that_compress_or_name_them(app, qwen2_dir, qwen2_renderer):
+    async with app_client(app) as c:
+        star = await post(c, body(qwen2_dir, seed=4), binary=True, transforms="*")
+        coded = await post(c, body(qwen2_dir, seed=4), binary=True, transforms="*", zstd=True)
+        named = await post(c, body(qwen2_dir, seed=4), binary=True, transforms=DELTA)
+        elided = await post(c, body(qwen2_dir, seed=4), binary=True, transforms=DEDUP, zstd=True)
+    declared = {
+        label: decode_item(items(raw, True)[0])["pixel_values"]
+        for label, raw in (("star", star), ("coded", coded), ("named", named), ("elided", elided))
+    }
+    assert {k: e.transform.name for k, e in declared.items()} == {
+        "star": DEDUP,  # a caller that does not compress gains nothing from deltas
+        "coded": DELTA,
+        "named": DELTA,
+        "elided": DEDUP,
+    }
+    # The delta form is the same size, and undoes to the very pixels the elided form carries.
+    assert declared["coded"].data.nbytes == declared["star"].data.nbytes
+    transforms = qwen2_renderer.wire_transforms
+    back = {k: transforms.decode_item({"pixel_values": e})[0] for k, e in declared.items()}
+    pixels = {k: b["pixel_values"].data.tobytes() for k, b in back.items()}
+    assert pixels["coded"] == pixels["star"]

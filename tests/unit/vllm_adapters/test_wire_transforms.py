@@ -1,5 +1,6 @@
 """Model-aware wire transforms: exact (bitwise) on any still-image patch tensor and on the real
-Qwen-VL processors' output, never applied where inexact, and refusing lying declarations."""
+Qwen-VL processors' output, never applied where inexact, preferred in order, and refusing lying
+declarations; row deltas make photographs compress smaller."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tandem_vllm.wire_transforms import (
+    PatchRowDelta,
     TemporalDedup,
     TransformMismatch,
     WireTransforms,
@@ -20,6 +22,7 @@ from tandem_wire import (
     FieldTransform,
     FlatLayout,
     UnsupportedWireTransform,
+    compress_zstd,
     decode_item,
     encode_item,
 )
@@ -28,6 +31,8 @@ pytestmark = pytest.mark.vllm
 
 DEDUP = TemporalDedup(temporal_patch_size=2, patch_size=14)
 NAME = TemporalDedup.name
+DELTA = PatchRowDelta(temporal_patch_size=2, patch_size=14)
+DELTA_NAME = PatchRowDelta.name
 DTYPES = [np.uint8, np.float32, np.float16, np.dtype(ml_dtypes.bfloat16)]
 
 
@@ -125,7 +130,8 @@ def item(data, transform=None):
     }
 
 
-SET = WireTransforms({"pixel_values": DEDUP})
+SET = WireTransforms({"pixel_values": (DEDUP,)})
+BOTH = WireTransforms({"pixel_values": (DELTA, DEDUP)})
 
 
 def test_item_round_trip_through_the_codec():
@@ -199,8 +205,11 @@ def test_real_processor_images_elide_exactly_to_half(renderer, patch, request):
     for seed, (w, h) in enumerate([(448, 448), (1024, 768), (61, 97)]):
         hf, wire = processed(model_config, "image", noise_image(seed, w, h))
         transforms = wire_transforms_for(hf)
-        assert transforms.by_key["pixel_values"] == TemporalDedup(2, patch)
-        sent = transforms.encode_item(wire, transforms.names)
+        assert transforms.by_key["pixel_values"] == (
+            PatchRowDelta(2, patch),
+            TemporalDedup(2, patch),
+        )
+        sent = transforms.encode_item(wire, frozenset({NAME}))
         pixels = wire["pixel_values"].data
         assert sent["pixel_values"].data.nbytes * 2 == pixels.nbytes
         back, _ = transforms.decode_item(decode_item(encode_item(sent)))
@@ -216,7 +225,7 @@ def test_real_processor_videos_elide_only_where_frames_repeat(qwen2_renderer):
         hf, wire = processed(qwen2_renderer.model_config, "video", video)
         transforms = wire_transforms_for(hf)
         pixels = wire["pixel_values_videos"].data
-        sent = transforms.encode_item(wire, transforms.names)["pixel_values_videos"]
+        sent = transforms.encode_item(wire, frozenset({NAME}))["pixel_values_videos"]
         assert (sent.transform is not None) is elided
         assert sent.data.nbytes == (pixels.nbytes // 2 if elided else pixels.nbytes)
         received = decode_item(encode_item({"pixel_values_videos": sent}))
@@ -230,3 +239,118 @@ def test_processors_without_a_factory_get_no_transforms(qwen2_renderer):
 
     assert wire_transforms_for(Qwen2VLProcessorSubclass()).by_key == {}
     assert wire_transforms_for(None).names == frozenset()
+
+
+# -- row deltas ----------------------------------------------------------------------------
+
+
+def moving_patches(rng, n, channels=3, t=2, patch=14):
+    """Rows whose t frames differ, as in a video."""
+    return rng.integers(0, 256, (n, channels * t * patch * patch), dtype=np.uint8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 40),
+    channels=st.integers(1, 4),
+    t=st.integers(2, 4),
+    patch=st.integers(1, 16),
+    still=st.booleans(),
+)
+def test_row_deltas_round_trip_bitwise(seed, n, channels, t, patch, still):
+    rng = np.random.default_rng(seed)
+    data = (still_patches if still else moving_patches)(rng, n, channels, t, patch)
+    transform = PatchRowDelta(temporal_patch_size=t, patch_size=patch)
+    sent, params = transform.encode(data)
+    # A still image's copies go once (unless n is 0, where every frame is "the same").
+    frames = 1 if still or n == 0 else t
+    assert params == {"channels": channels, "temporal_patch_size": t, "frames": frames}
+    assert sent.dtype == np.uint8 and sent.nbytes * t == data.nbytes * frames
+    assert bits(transform.decode(sent, params)) == bits(data)
+
+
+def test_row_deltas_are_the_rows_minus_the_row_above():
+    data = still_patches(np.random.default_rng(8), 5)
+    sent, _ = DELTA.encode(data)
+    planes = data.reshape(5, 3, 2, 14, 14)[:, :, 0].astype(np.int64)
+    expected = planes.copy()
+    expected[..., 1:, :] = (planes[..., 1:, :] - planes[..., :-1, :]) % 256
+    assert bits(sent) == bits(expected.astype(np.uint8).reshape(5, -1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.dtype(ml_dtypes.bfloat16)])
+def test_row_deltas_leave_floats_to_the_plain_elision(dtype):
+    data = still_patches(np.random.default_rng(9), 4, dtype=dtype)
+    assert DELTA.encode(data) is None
+    wire = BOTH.encode_item(item(data), frozenset({DELTA_NAME, NAME}))
+    assert wire["pixel_values"].transform.name == NAME
+
+
+@pytest.mark.parametrize(
+    ("data", "params"),
+    [
+        (np.zeros((4, 588), np.uint8), {"channels": 3, "temporal_patch_size": 2, "frames": 3}),
+        (np.zeros((4, 588), np.uint8), {"channels": 3, "temporal_patch_size": 2, "frames": 0}),
+        (np.zeros((4, 588), np.uint8), {"channels": 3, "temporal_patch_size": 2, "frames": 2}),
+        (np.zeros((4, 588), np.uint8), {"channels": 3, "temporal_patch_size": 4, "frames": 1}),
+        (np.zeros((4, 588), np.uint8), {"channels": 3, "temporal_patch_size": 2}),
+        (np.zeros((4, 588), np.float32), {"channels": 3, "temporal_patch_size": 2, "frames": 1}),
+        (np.zeros((4, 3, 196), np.uint8), {"channels": 3, "temporal_patch_size": 2, "frames": 1}),
+        (np.zeros((4, 588), np.uint8), {"channels": 0, "temporal_patch_size": 2, "frames": 1}),
+    ],
+)
+def test_lying_delta_declarations_are_refused(data, params):
+    with pytest.raises(TransformMismatch):
+        DELTA.decode(data, params)
+
+
+def test_the_first_accepted_exact_transform_wins():
+    data = still_patches(np.random.default_rng(10), 4)
+    for names, expected in [
+        ({DELTA_NAME, NAME}, DELTA_NAME),
+        ({NAME}, NAME),
+        ({DELTA_NAME}, DELTA_NAME),
+        (set(), None),
+    ]:
+        elem = BOTH.encode_item(item(data), frozenset(names))["pixel_values"]
+        assert (elem.transform.name if elem.transform else None) == expected
+        back, _ = BOTH.decode_item(decode_item(encode_item({"pixel_values": elem})))
+        assert bits(back["pixel_values"].data) == bits(data)
+
+
+def test_star_grants_coding_only_transforms_to_callers_that_compress():
+    assert BOTH.accepted(frozenset({"*"})) == {NAME}
+    assert BOTH.accepted(frozenset({"*"}), coded=True) == {NAME, DELTA_NAME}
+    assert BOTH.accepted(frozenset({DELTA_NAME})) == {DELTA_NAME}  # named: granted as asked
+
+
+def test_real_photographs_compress_smaller_as_row_deltas(qwen2_renderer):
+    import skimage.data
+    from PIL import Image
+
+    for name in ("astronaut", "coffee"):
+        image = Image.fromarray(getattr(skimage.data, name)())
+        hf, wire = processed(qwen2_renderer.model_config, "image", image)
+        transforms = wire_transforms_for(hf)
+        pixels = wire["pixel_values"].data
+        sizes = {}
+        for chosen in (NAME, DELTA_NAME):
+            sent = transforms.encode_item(wire, frozenset({chosen}))["pixel_values"]
+            assert sent.transform.name == chosen
+            sizes[chosen] = len(compress_zstd(sent.data.tobytes(), 1))
+            back, _ = transforms.decode_item(decode_item(encode_item({"pixel_values": sent})))
+            assert bits(back["pixel_values"].data) == bits(pixels)
+        # Measured 0.69-0.72x on these two; a delta that stopped predicting would be ~1x.
+        assert sizes[DELTA_NAME] < 0.8 * sizes[NAME], (name, sizes)
+
+
+def test_real_processor_videos_travel_as_row_deltas_of_every_frame(qwen2_renderer):
+    moving = np.random.default_rng(11).integers(0, 256, (4, 64, 64, 3), dtype=np.uint8)
+    hf, wire = processed(qwen2_renderer.model_config, "video", moving)
+    transforms = wire_transforms_for(hf)
+    pixels = wire["pixel_values_videos"].data
+    sent = transforms.encode_item(wire, transforms.names)["pixel_values_videos"]
+    assert sent.transform.params["frames"] == 2 and sent.data.nbytes == pixels.nbytes
+    back, _ = transforms.decode_item(decode_item(encode_item({"pixel_values_videos": sent})))
+    assert bits(back["pixel_values_videos"].data) == bits(pixels)
