@@ -46,15 +46,18 @@ def bits(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a).tobytes()
 
 
+PATCH_TENSORS = {
+    "seed": st.integers(0, 2**32 - 1),
+    "n": st.integers(0, 40),
+    "channels": st.integers(1, 4),
+    "t": st.integers(2, 4),
+    "patch": st.integers(1, 16),
+}
+"""Patch tensors of any shape a Qwen-VL-like processor could make."""
+
+
 @settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    n=st.integers(0, 40),
-    channels=st.integers(1, 4),
-    t=st.integers(2, 4),
-    patch=st.integers(1, 16),
-    dtype=st.sampled_from(DTYPES),
-)
+@given(**PATCH_TENSORS, dtype=st.sampled_from(DTYPES))
 def test_still_patches_round_trip_bitwise_at_1_over_t_the_bytes(seed, n, channels, t, patch, dtype):
     rng = np.random.default_rng(seed)
     data = still_patches(rng, n, channels, t, patch, dtype)
@@ -250,14 +253,7 @@ def moving_patches(rng, n, channels=3, t=2, patch=14):
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    n=st.integers(0, 40),
-    channels=st.integers(1, 4),
-    t=st.integers(2, 4),
-    patch=st.integers(1, 16),
-    still=st.booleans(),
-)
+@given(**PATCH_TENSORS, still=st.booleans())
 def test_row_deltas_round_trip_bitwise(seed, n, channels, t, patch, still):
     rng = np.random.default_rng(seed)
     data = (still_patches if still else moving_patches)(rng, n, channels, t, patch)
