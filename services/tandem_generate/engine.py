@@ -24,6 +24,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from tandem_http import BadRequest
 from tandem_vllm.item_rules import item_rule_for
@@ -54,8 +55,9 @@ class Engine:
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         check_upstream_names(["generate"])  # a vLLM upgrade fails here, not mid-request
         check_weight_backend_installed(engine_args)
+        args, stat_loggers = prometheus_stats_only(seed_safe_engine_args(engine_args))
         self.llm = AsyncLLM.from_engine_args(
-            seed_safe_engine_args(engine_args), usage_context=UsageContext.OPENAI_API_SERVER
+            args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers
         )
         self.vllm_config = self.llm.vllm_config
         self.seeded_sampling_safe = not (
@@ -180,6 +182,22 @@ def check_weight_backend_installed(engine_args: AsyncEngineArgs) -> None:
             f"the {BACKEND} weight-transfer backend needs Tandem installed with its vLLM plugin "
             "entry point: run `make setup` (or `pip install -e .`) and start again"
         )
+
+
+def prometheus_stats_only(
+    engine_args: AsyncEngineArgs,
+) -> tuple[AsyncEngineArgs, list[Any] | None]:
+    """The engine's stats with vLLM's Prometheus logger alone (the ``vllm:*`` metrics /metrics
+    shows), unless the operator turned stats off (``--disable-log-stats``).
+
+    vLLM's other default logger tallies every engine step for a log line that only its own
+    server prints, on a timer this server does not run.
+    """
+    if engine_args.disable_log_stats:
+        return engine_args, None
+    args = copy.copy(engine_args)
+    args.disable_log_stats = True  # no default loggers; the one given keeps stats on
+    return args, [PrometheusStatLogger]
 
 
 def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:

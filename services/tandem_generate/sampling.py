@@ -29,10 +29,15 @@ def build_sampling_params(
     """Validated ``SamplingParams``; every refusal is a 400 (UnsupportedSamplingParams, or
     TokenOutOfVocabulary for a token id the model does not have)."""
     try:
-        return sampling_params_from_wire(
+        params = sampling_params_from_wire(
             fields, stream=stream, max_n=max_n, max_logprobs=max_logprobs, vocab_size=vocab_size
         )
     except TokenIdsOutOfVocabulary as exc:
         raise TokenOutOfVocabulary(exc.message, param=exc.param) from None
     except SamplingParamsRefused as exc:
         raise UnsupportedSamplingParams(exc.message, param=exc.param) from None
+    if not params.stop:
+        # Answers carry token ids only: vLLM's output loop would decode text (and logprobs'
+        # token strings) on every engine step for nothing but matching stop strings.
+        params.detokenize = False
+    return params

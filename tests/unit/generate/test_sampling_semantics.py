@@ -149,9 +149,24 @@ async def test_absent_fields_mean_what_they_mean_upstream(qwen2_engine, qwen2_di
         answer = await post(c, GenerateRequest(token_ids=prompt, sampling_params={"max_tokens": 3}))
     defaults = msgspec.convert({}, type(received[0]))
     assert received[0].max_tokens == room
-    for name in sorted(ALLOWED_FIELDS - {"max_tokens"}):
+    # detokenize: the server's own choice (see the next test), invisible in token answers.
+    for name in sorted(ALLOWED_FIELDS - {"max_tokens", "detokenize"}):
         assert getattr(received[0], name) == getattr(defaults, name), name
     assert received[1].max_tokens == 3 and len(answer["choices"][0]["token_ids"]) <= 3
+
+
+@pytest.mark.parametrize(
+    ("fields", "detokenize"),
+    [({}, False), ({"detokenize": True}, False), ({"stop": ["xyz"]}, True)],
+)
+async def test_the_engine_detokenizes_only_for_stop_strings(
+    qwen2_engine, qwen2_dir, received, fields, detokenize
+):
+    """Answers carry token ids only: text is decoded just where stop strings must match it."""
+    async with app_client(generate_app(qwen2_engine, qwen2_dir)) as c:
+        params = {"max_tokens": 2, **fields}
+        await post(c, GenerateRequest(token_ids=[100] * 8, sampling_params=params))
+    assert received[0].detokenize is detokenize
 
 
 async def test_an_explicit_null_max_tokens_fills_the_context(qwen2_engine, qwen2_dir, received):
