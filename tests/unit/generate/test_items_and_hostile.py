@@ -102,6 +102,20 @@ async def test_stored_items_hold_their_own_bytes_not_the_request_body(
                 assert len(held) <= item.nbytes < len(body) / 2
 
 
+async def test_an_item_that_is_nearly_the_whole_body_is_stored_without_a_copy_and_counted_whole(
+    app, qwen2_renderer, qwen2_dir
+):
+    req = await render(qwen2_renderer, qwen2_dir, [17], **GREEDY)
+    body = encode_generate_request(req, WireFormat.MSGPACK)
+    async with app_client(app) as c:
+        await post(c, req, binary=True)
+    [item] = list(app.state.service.items._items.values())
+    held = {id(root_buffer(f.data)): root_buffer(f.data) for f in item.wire.values()}
+    [buffer] = [b for b in held.values() if isinstance(b, (bytes, bytearray))]
+    # The request body itself (what arrived), and the store counts all of it.
+    assert len(buffer) == len(body) <= item.nbytes
+
+
 async def test_cache_miss_is_a_409_naming_the_missing_hashes(app, qwen2_renderer, qwen2_dir):
     req = await render(qwen2_renderer, qwen2_dir, [12, 13], **GREEDY)
     unknown = with_hashes(nulls(req), ["f" * 64, "e" * 64])
