@@ -140,7 +140,16 @@ def test_a_rollout_survives_a_generate_node_dying_mid_batch(fleet_servers, doome
     assert moved + answered(doomed_generate) == prompts
     # The node itself goes away with a failure status, so that compose/Kubernetes restart it.
     exit_code = doomed_generate.proc.wait(timeout=EXIT_WITHIN_S)
-    assert exit_code == os.EX_SOFTWARE, doomed_generate.log_text()
+    assert exit_code == os.EX_SOFTWARE or zmq_aborted(doomed_generate, exit_code), (
+        doomed_generate.log_text()
+    )
+
+
+def zmq_aborted(server: ServerProcess, exit_code: int) -> bool:
+    """The process was aborted by libzmq's own assertion: vLLM's engine monitor thread closes
+    the engine client's sockets while the event loop may still use them (seen once in many
+    runs). Still a failure status, which is what the supervisors need."""
+    return exit_code == -signal.SIGABRT and "(src/" in server.log_text(tail=2000)
 
 
 def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate):
@@ -158,7 +167,8 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
         # with backoff for longer than a restart takes, and every request is answered once.
         restarted: list[ServerProcess] = []
         streaming, batch_started = threading.Event(), threading.Event()
-        long_request = rendered_generate(render, model, seed=990, max_tokens=2000)
+        # As long as the context allows (4096): the engine must still be on it at the kill.
+        long_request = rendered_generate(render, model, seed=990, max_tokens=3900)
 
         def stream_until_cut() -> str:
             url = f"{own_generate.proc.url}/inference/v1/generate"
@@ -174,7 +184,8 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
         def kill_and_restart() -> None:
             if not (streaming.wait(120) and batch_started.wait(120)):
                 raise AssertionError("nothing in flight to kill")
-            time.sleep(1.0)  # B's first requests reach the node
+            # B's first requests reach the node (the stream is the one pending before them).
+            wait_until(lambda: pending(own_generate.proc) >= 2, 60, "B's requests on the node")
             os.killpg(own_generate.proc.proc.pid, signal.SIGKILL)
             own_generate.restart()
             restarted.append(own_generate.proc)
