@@ -19,27 +19,30 @@ MODEL ?=
 RENDER_PORT ?= 8100
 RENDER_WORKERS ?=
 GENERATE_PORT ?= 8200
+# make run/demo: generate nodes behind the front door, on GENERATE_PORT and the ports after it.
+GENERATE_NODES ?= 2
 FRONT_PORT ?= 8000
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models test test-unit fuzz soak lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
+.PHONY: help setup models docs test test-unit fuzz soak lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
 
 help:
-	@echo "make run         render + generate + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
+	@echo "make run         render + $(GENERATE_NODES) generate nodes + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
 	@echo "make demo        the same, but stop after the example"
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
-	@echo "make test        set up if needed, lint, then run the test suite"
+	@echo "make test        set up if needed, lint, build the docs, then run the test suite"
+	@echo "make docs        build the documentation site into site/ (mkdocs build --strict: broken links fail)"
 	@echo "make lint        ruff + mypy"
 	@echo "make fuzz        the fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000; TANDEM_SCHEMA_FUZZ_COUNT schemathesis examples per operation, 200)"
-	@echo "make soak        render + generate + front door under saturating mixed load (SOAK_SECONDS, 300); plot in .cache/soak"
+	@echo "make soak        render + generate + front door under saturating mixed load through the door (SOAK_SECONDS, 600); plot in .cache/soak"
 	@echo "make models      build the tiny test models into .cache/models"
 	@echo "make bench       the end-to-end report (under 20 min): every comparison side by side -> docs/bench"
 	@echo "make bench-wire  wire codec throughput and bytes: ours (JSON, binary, elided) vs vLLM's serde"
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make bench-generate  render->generate vs upstream's pair and monolithic server (API CPU/request)"
 	@echo "make bench-weights  weight updates (tiny model, synthetic 1 GB) vs a plain copy of the bytes"
-	@echo "make bench-front-door  front door: proxied vs direct generate (CPU/MB, added p50); OpenAI chat vs vllm serve"
+	@echo "make bench-front-door  front door: proxied vs direct generate (CPU/MB, added p50); OpenAI chat vs vllm serve, one side at a time, and vllm bench serve on both"
 	@echo "make run-render  serve render on 127.0.0.1:$(RENDER_PORT) (MODEL=... or the tiny Qwen2-VL)"
 	@echo "make run-generate  serve generate on 127.0.0.1:$(GENERATE_PORT) (same model choice)"
 
@@ -60,7 +63,11 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint
+# The site is built strictly: a broken link, a missing page or anchor fails the build (and CI).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: lint docs
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
@@ -71,11 +78,13 @@ test-unit: setup
 fuzz: setup
 	TANDEM_FUZZ_COUNT=$${TANDEM_FUZZ_COUNT:-3000} TANDEM_SCHEMA_FUZZ_COUNT=$${TANDEM_SCHEMA_FUZZ_COUNT:-200} \
 		$(PY) -m pytest -s tests/unit/generate/test_fuzz.py tests/unit/render/test_fuzz.py \
+		tests/unit/wire/test_content_coding.py tests/unit/front/test_front_zstd.py \
 		tests/integration/test_schema_fuzz.py $(PYTEST_ARGS)
 
-# The soak's long form (CI runs a minute of it inside `make test`).
+# The soak's long form (CI runs a minute of the same mix inside `make test`): OpenAI chat, TRL's
+# shape and tandem_client rollouts through the front door, a weight update a minute.
 soak: setup
-	$(PY) -m tools.soak --seconds $${SOAK_SECONDS:-300}
+	$(PY) -m tools.soak --seconds $${SOAK_SECONDS:-600}
 
 # The report: payload, render, generate, rollout and scaling, ours beside upstream's servers
 # started here; writes docs/bench/report.md, report.json and the PNG plots.
@@ -102,11 +111,13 @@ MODEL_DIR = "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}"
 
 run: setup
 	$(PY) -m tools.run_stack $(if $(MODEL),--model "$(MODEL)") --engine-args "$(ENGINE_ARGS)" \
-		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT) --front-port $(FRONT_PORT)
+		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT) --front-port $(FRONT_PORT) \
+		--generate-nodes $(GENERATE_NODES)
 
 demo: setup
 	$(PY) -m tools.run_stack --demo $(if $(MODEL),--model "$(MODEL)") --engine-args "$(ENGINE_ARGS)" \
-		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT) --front-port $(FRONT_PORT)
+		--render-port $(RENDER_PORT) --generate-port $(GENERATE_PORT) --front-port $(FRONT_PORT) \
+		--generate-nodes $(GENERATE_NODES)
 
 run-render: setup
 	$(PY) -m tandem_render --model $(MODEL_DIR) --port $(RENDER_PORT) \

@@ -4,24 +4,44 @@
 with render's msgpack output as the body (one noise image per chat, small and large, max_tokens
 1 so that the engine's share stays small): the front door's CPU per request and per MB of body,
 and the p50 latency it adds. Targets: <= 1 ms CPU per MB, <= 2 ms added p50.
-(b) ``/v1/chat/completions`` through the front door (render -> generate -> detokenize) vs
-upstream's monolithic ``vllm serve`` (greedy, max_tokens 8, one image per chat): throughput,
-latency, and the CPU per request of each API process (the engine cores are not counted: they do
-the same work on both paths).
-All on the tiny Qwen2-VL model, one worker per service, on this machine.
+(b) OpenAI ``/v1/chat/completions`` through the front door (render, then one generate, then
+vLLM's detokenizer in the door) against upstream's monolithic ``vllm serve``, on the same model
+with the same engine options and environment: one 448x448 noise image per chat (a new image for
+every request, the same images on both sides), greedy, max_tokens 8. p50 latency at concurrency
+1 and req/s at concurrency 8, and each side's CPU per request by process (engine cores
+included, listed apart). Targets: c=1 p50 <= 1.15x ``vllm serve``'s, c=8 req/s >= 0.9x.
+One side at a time: one side's servers are started, measured and stopped before the other's
+start (two CPU engines alive on 2 cores starve each other), ``--rounds`` times, alternating.
+Both engines get vLLM's default OpenMP thread binding (``VLLM_CPU_OMP_THREADS_BIND=auto``;
+``make`` exports ``nobind`` for everything else). On each side, vLLM's own benchmark client
+(``vllm bench serve``: openai-chat backend, random-mm dataset, one 448x448 image, 8 tokens with
+ignore_eos) then reports TTFT, TPOT and req/s (read from its result JSON), and at c=1 the
+services' own metrics say where the door's time goes (render, generate, the rest).
+All on the tiny Qwen2-VL model, on this machine; the load generators share the cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.images import chat_body, data_url, png_bytes
-from tools.bench_generate import MSGPACK, Result, Step, api_cpu, check, drive
+from tools.bench_generate import MSGPACK, Result, Step, api_cpu, check, drive, quiet
 from tools.servers import (
+    VLLM_DEFAULT_BINDING,
     ServerProcess,
     tandem_front,
     tandem_generate,
@@ -32,6 +52,8 @@ from tools.tiny_models import ensure_model
 
 TARGET_CPU_MS_PER_MB = 1.0
 TARGET_ADDED_P50_MS = 2.0
+TARGET_P50_RATIO = 1.15
+TARGET_RPS_RATIO = 0.9
 
 
 def generate_bodies(render_url: str, model: str, size: int, count: int) -> list[bytes]:
@@ -95,42 +117,319 @@ async def proxied_vs_direct(
     ]
 
 
-def chat_row(r: Result, cpu: dict[str, float]) -> str:
-    n = max(1, len(r.latencies) + len(r.errors))
-    parts = ", ".join(f"{k} {v / n * 1000:.1f}" for k, v in cpu.items())
-    total = sum(cpu.values()) / n * 1000
-    return (
-        f"| {r.label} | {r.concurrency} | {r.throughput:.2f} | {r.pct(50):.0f} | {r.pct(95):.0f} "
-        f"| {total:.1f} ({parts}) | {len(r.errors)} |"
+# -- (b) OpenAI chat: the door against vllm serve, one side at a time -------------------------
+
+
+@dataclass
+class Side:
+    """One side's measurements (a round of it)."""
+
+    label: str
+    c1: Result
+    c8: Result
+    cpu_ms: dict[str, float]
+    """CPU ms per request at c=8, by process."""
+    hops: dict[str, float]
+    """Mean ms per request at c=1, by hop (the services' own metrics)."""
+    bench: dict[int, dict[str, Any]]
+    """``vllm bench serve``'s result JSON by concurrency."""
+
+
+def process_cpu(servers: dict[str, ServerProcess]) -> dict[str, float]:
+    """CPU seconds of each server's process tree; an engine server's engine core (its child)
+    and the core's worker (a grandchild, which polls for work while it waits) listed apart."""
+    out: dict[str, float] = {}
+    for name, server in servers.items():
+        root = psutil.Process(server.proc.pid)
+        core = worker = 0.0
+        for child in root.children():
+            core += _cpu(child)
+            worker += sum(_cpu(c) for c in child.children(recursive=True))
+        if name in ENGINE_SERVERS:
+            out[name] = api_cpu(root.pid)
+            out[f"{name} engine core"] = core
+            out[f"{name} engine worker"] = worker
+        else:
+            out[name] = api_cpu(root.pid) + core + worker
+    return out
+
+
+def _cpu(process: psutil.Process) -> float:
+    t = process.cpu_times()
+    return float(t.user + t.system)
+
+
+ENGINE_SERVERS = ("generate", "vllm serve")
+
+# Histogram sums and counts read from the services' /metrics: (label, server, sample name,
+# label filter). Each hop's mean is its sum's growth over its count's.
+HOPS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
+    (
+        "door -> render, until its answer",
+        "front",
+        "tandem_front_upstream_latency_seconds",
+        {"tier": "render"},
+    ),
+    ("render, inside", "render", "tandem_render_latency_seconds", {}),
+    (
+        "door -> generate, until its answer",
+        "front",
+        "tandem_front_upstream_latency_seconds",
+        {"tier": "generate"},
+    ),
+    ("generate, inside", "generate", "tandem_generate_latency_seconds", {}),
+    ("engine: queue", "generate", "vllm:request_queue_time_seconds", {}),
+    ("engine: prefill", "generate", "vllm:request_prefill_time_seconds", {}),
+    ("engine: decode", "generate", "vllm:request_decode_time_seconds", {}),
+    ("vllm serve engine: queue", "vllm serve", "vllm:request_queue_time_seconds", {}),
+    ("vllm serve engine: prefill", "vllm serve", "vllm:request_prefill_time_seconds", {}),
+    ("vllm serve engine: decode", "vllm serve", "vllm:request_decode_time_seconds", {}),
+)
+
+
+def histogram_sums(servers: dict[str, ServerProcess]) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each hop of ``HOPS`` whose server runs here."""
+    scraped: dict[str, list[Any]] = {}
+    out: dict[str, tuple[float, float]] = {}
+    for label, server, name, match in HOPS:
+        if server not in servers:
+            continue
+        if server not in scraped:
+            text = httpx.get(f"{servers[server].url}/metrics", timeout=10).text
+            scraped[server] = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        total = count = 0.0
+        for sample in scraped[server]:
+            if not all(sample.labels.get(k) == v for k, v in match.items()):
+                continue
+            if sample.name == f"{name}_sum":
+                total += sample.value
+            elif sample.name == f"{name}_count":
+                count += sample.value
+        out[label] = (total, count)
+    return out
+
+
+def hop_means(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    means = {}
+    for label, (total, count) in after.items():
+        t0, c0 = before[label]
+        if count > c0:
+            means[label] = (total - t0) / (count - c0) * 1000
+    return means
+
+
+def vllm_bench_serve(
+    url: str, model: str, concurrency: int, prompts: int, out: Path, tag: str
+) -> dict[str, Any]:
+    """vLLM's own benchmark client against ``url``; its result JSON."""
+    name = f"{tag}-c{concurrency}.json"
+    args = [
+        *("--backend", "openai-chat", "--endpoint", "/v1/chat/completions"),
+        *("--base-url", url, "--model", model, "--tokenizer", model),
+        *("--dataset-name", "random-mm", "--num-prompts", str(prompts)),
+        *("--random-input-len", "32", "--random-output-len", "8", "--random-range-ratio", "0"),
+        *("--random-mm-base-items-per-request", "1", "--random-mm-num-mm-items-range-ratio", "0"),
+        *("--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}'),
+        *("--random-mm-bucket-config", "{(448, 448, 1): 1.0}"),
+        *("--max-concurrency", str(concurrency), "--request-rate", "inf", "--ignore-eos"),
+        *(
+            "--temperature",
+            "0",
+            "--seed",
+            "0",
+            "--disable-tqdm",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+        ),
+        *("--save-result", "--result-dir", str(out), "--result-filename", name),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.vllm_bench_serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
+    if done.returncode != 0 or not (out / name).exists():
+        raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads((out / name).read_text())
+    return result
 
 
-async def chat_side_by_side(
-    front: ServerProcess,
-    render: ServerProcess,
-    generate: ServerProcess,
-    serve: ServerProcess,
+def start_door(model: str, args: argparse.Namespace) -> dict[str, ServerProcess]:
+    servers: dict[str, ServerProcess] = {}
+    try:
+        servers["render"] = tandem_render(model, workers=args.render_workers)
+        servers["generate"] = tandem_generate(model, env=VLLM_DEFAULT_BINDING)
+        servers["render"].wait_healthy(300)
+        servers["generate"].wait_healthy(600)
+        servers["front"] = tandem_front(
+            model,
+            servers["render"].url,
+            servers["generate"].url,
+            workers=args.front_workers,
+        )
+        servers["front"].wait_healthy(120)
+    except BaseException:
+        stop(servers)
+        raise
+    return servers
+
+
+def start_serve(model: str, args: argparse.Namespace) -> dict[str, ServerProcess]:
+    servers = {"vllm serve": upstream_serve(model, env=VLLM_DEFAULT_BINDING)}
+    try:
+        servers["vllm serve"].wait_healthy(600)
+    except BaseException:
+        stop(servers)
+        raise
+    return servers
+
+
+def stop(servers: dict[str, ServerProcess]) -> None:
+    for server in reversed(servers.values()):
+        server.stop()
+
+
+async def measure_side(
+    label: str,
+    servers: dict[str, ServerProcess],
+    url: str,
     model: str,
-    n: int,
-) -> list[str]:
-    images = [data_url(png_bytes(448, 448, seed=2000 + i)) for i in range(n)]
+    args: argparse.Namespace,
+    out: Path,
+) -> Side:
+    for s in servers.values():
+        quiet(s, 20)
+    pid = next(iter(servers.values())).proc.pid  # drive() wants one; CPU is read here instead
+    # A new image for every request (a repeat would hit render's and vLLM's caches), the same
+    # sequence on both sides: warm-up, then c=1, then c=8.
+    images = [data_url(png_bytes(448, 448, seed=3000 + i)) for i in range(8 + args.n1 + args.n8)]
+    warm, at1, at8 = images[:8], images[8 : 8 + args.n1], images[8 + args.n1 :]
+    await drive("warm-up", chat_step(url, model, warm), pid, len(warm), 4)
+    sums0 = histogram_sums(servers)
+    c1 = await drive(label, chat_step(url, model, at1), pid, len(at1), 1)
+    hops = hop_means(sums0, histogram_sums(servers))
+    cpu0 = process_cpu(servers)
+    c8 = await drive(label, chat_step(url, model, at8), pid, len(at8), 8)
+    cpu = process_cpu(servers)
+    done = max(1, len(c8.latencies) + len(c8.errors))
+    cpu_ms = {k: (cpu[k] - cpu0[k]) / done * 1000 for k in cpu}
+    bench = {}
+    if args.bench_prompts:
+        tag = label.replace(" ", "-")
+        for concurrency, prompts in ((1, args.bench_prompts // 4), (8, args.bench_prompts)):
+            bench[concurrency] = vllm_bench_serve(url, model, concurrency, prompts, out, tag)
+    return Side(label, c1, c8, cpu_ms, hops, bench)
+
+
+def side_rows(sides: list[Side]) -> list[str]:
     rows = []
-    for concurrency in (1, 4):
-        for label, url, procs in (
-            ("front door", front.url, {"front": front, "render": render, "generate": generate}),
-            ("vllm serve", serve.url, {"serve": serve}),
-        ):
-            step = chat_step(url, model, images)
-            await drive("warm-up", step, serve.proc.pid, 2, 1)
-            before = {k: api_cpu(p.proc.pid) for k, p in procs.items()}
-            result = await drive(label, step, serve.proc.pid, n, concurrency)
-            cpu = {k: api_cpu(p.proc.pid) - before[k] for k, p in procs.items()}
-            rows.append(chat_row(result, cpu))
+    for s in sides:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in s.cpu_ms.items())
+        rows.append(
+            f"| {s.label} | {s.c1.pct(50):.0f} / {s.c1.pct(95):.0f} | {s.c8.throughput:.2f} "
+            f"| {s.c8.pct(50):.0f} | {sum(s.cpu_ms.values()):.1f} ({parts}) "
+            f"| {len(s.c1.errors) + len(s.c8.errors)} |"
+        )
     return rows
 
 
-async def run(n: int, parts: str) -> None:
+def ratio_rows(door: list[Side], serve: list[Side]) -> list[str]:
+    def median(xs: list[float]) -> float:
+        return float(np.median(xs))
+
+    p50 = median([s.c1.pct(50) for s in door]) / median([s.c1.pct(50) for s in serve])
+    rps = median([s.c8.throughput for s in door]) / median([s.c8.throughput for s in serve])
+    return [
+        f"| c=1 p50, door / vllm serve | {p50:.2f}x | <= {TARGET_P50_RATIO}x "
+        f"| {'met' if p50 <= TARGET_P50_RATIO else 'missed'} |",
+        f"| c=8 req/s, door / vllm serve | {rps:.2f}x | >= {TARGET_RPS_RATIO}x "
+        f"| {'met' if rps >= TARGET_RPS_RATIO else 'missed'} |",
+    ]
+
+
+def bench_rows(sides: list[Side]) -> list[str]:
+    rows = []
+    for s in sides:
+        for c, r in sorted(s.bench.items()):
+            rows.append(
+                f"| {s.label} | {c} | {r['completed']}/{r['num_prompts']} "
+                f"| {r['median_ttft_ms']:.0f} | {r['median_tpot_ms']:.1f} "
+                f"| {r['median_e2el_ms']:.0f} | {r['request_throughput']:.2f} |"
+            )
+    return rows
+
+
+async def door_vs_serve(model: str, args: argparse.Namespace) -> None:
+    out = Path(tempfile.mkdtemp(prefix="bench-front-door-"))
+    door: list[Side] = []
+    serve: list[Side] = []
+    for _ in range(args.rounds):
+        for label, starter, url_of, into in (
+            ("front door", start_door, "front", door),
+            ("vllm serve", start_serve, "vllm serve", serve),
+        ):
+            if args.only and args.only != url_of.split()[-1]:
+                continue
+            servers = starter(model, args)
+            try:
+                url = servers[url_of].url
+                into.append(await measure_side(label, servers, url, model, args, out))
+            finally:
+                stop(servers)
+    sides = [s for pair in itertools.zip_longest(door, serve) for s in pair if s is not None]
+    print(
+        f"\n(b) /v1/chat/completions, one 448x448 image, greedy, max_tokens 8; one side at a "
+        f"time, {args.rounds} round(s); render {args.render_workers} worker(s), door "
+        f"{args.front_workers}; VLLM_CPU_OMP_THREADS_BIND=auto on both engines"
+    )
+    print(
+        "| side | c=1 p50 / p95 ms | c=8 req/s | c=8 p50 ms "
+        "| CPU ms/request at c=8 (by process) | errors |"
+    )
+    print("|---|---|---|---|---|---|")
+    for row in side_rows(sides):
+        print(row)
+    print("\n| target | measured | target | |")
+    print("|---|---|---|---|")
+    for row in ratio_rows(door, serve) if door and serve else []:
+        print(row)
+    if args.bench_prompts:
+        print(
+            "\n`vllm bench serve` (openai-chat, random-mm, one 448x448 image, 8 tokens, ignore_eos)"
+        )
+        print("| side | concurrency | completed | TTFT p50 ms | TPOT p50 ms | E2E p50 ms | req/s |")
+        print("|---|---|---|---|---|---|---|")
+        for row in bench_rows(sides):
+            print(row)
+    print("\nWhere the time goes at c=1 (mean ms per request, the services' own metrics)")
+    print("| hop | " + " | ".join(s.label for s in sides) + " |")
+    print("|---|" + "---|" * len(sides))
+    labels = [h[0] for h in HOPS]
+    for label in ["client end to end (mean)", *labels]:
+        cells = []
+        for s in sides:
+            if label.startswith("client"):
+                cells.append(f"{np.mean(s.c1.latencies) * 1000:.1f}")
+            else:
+                cells.append(f"{s.hops[label]:.1f}" if label in s.hops else "")
+        if any(cells):
+            print(f"| {label} | " + " | ".join(cells) + " |")
+    print(f"\n(vllm bench serve result JSON in {out})", flush=True)
+
+
+async def run(args: argparse.Namespace) -> None:
     model = str(ensure_model("qwen2-vl"))
+    if args.parts in ("all", "proxy"):
+        await proxy_part(model, args.n)
+    if args.parts in ("all", "chat"):
+        await door_vs_serve(model, args)
+
+
+async def proxy_part(model: str, n: int) -> None:
     render = tandem_render(model, workers=1)
     generate = tandem_generate(model)
     servers = [render, generate]
@@ -140,30 +439,15 @@ async def run(n: int, parts: str) -> None:
         front = tandem_front(model, render.url, generate.url, workers=1)
         servers.append(front)
         front.wait_healthy(120)
-        if parts in ("all", "proxy"):
-            print(
-                "\n(a) /inference/v1/generate, render's msgpack body, max_tokens 1, concurrency 1"
-            )
-            print(
-                "| body | MB/request | direct p50 ms | proxied p50 ms | added p50 ms (<= 2) "
-                "| front CPU ms/request | front CPU ms/MB (<= 1) | errors |"
-            )
-            print("|---|---|---|---|---|---|---|---|")
-            for label, size in (("448 px image", 448), ("1344 px image", 1344)):
-                bodies = generate_bodies(render.url, model, size, n)
-                for row in await proxied_vs_direct(front, generate, bodies, label):
-                    print(row, flush=True)
-        if parts in ("all", "chat"):
-            serve = upstream_serve(model)
-            servers.append(serve)
-            serve.wait_healthy(600)
-            print("\n(b) /v1/chat/completions, one 448 px image, greedy, max_tokens 8")
-            print(
-                "| path | concurrency | req/s | p50 ms | p95 ms "
-                "| API CPU ms/request (per process) | errors |"
-            )
-            print("|---|---|---|---|---|---|---|")
-            for row in await chat_side_by_side(front, render, generate, serve, model, n):
+        print("\n(a) /inference/v1/generate, render's msgpack body, max_tokens 1, concurrency 1")
+        print(
+            "| body | MB/request | direct p50 ms | proxied p50 ms | added p50 ms (<= 2) "
+            "| front CPU ms/request | front CPU ms/MB (<= 1) | errors |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for label, size in (("448 px image", 448), ("1344 px image", 1344)):
+            bodies = generate_bodies(render.url, model, size, n)
+            for row in await proxied_vs_direct(front, generate, bodies, label):
                 print(row, flush=True)
     finally:
         for s in servers:
@@ -172,10 +456,23 @@ async def run(n: int, parts: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("-n", type=int, default=40, help="requests per measurement")
+    parser.add_argument("-n", type=int, default=40, help="(a): requests per measurement")
+    parser.add_argument("--n1", type=int, default=40, help="(b): requests at concurrency 1")
+    parser.add_argument("--n8", type=int, default=80, help="(b): requests at concurrency 8")
+    parser.add_argument(
+        "--bench-prompts",
+        type=int,
+        default=64,
+        help="(b): vllm bench serve's prompts at concurrency 8 (a quarter at 1; 0: not run)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="(b): door, then serve, N times")
+    parser.add_argument("--front-workers", type=int, default=1, help="(b): door workers")
+    parser.add_argument("--render-workers", type=int, default=1, help="(b): render workers")
+    parser.add_argument(
+        "--only", choices=["front", "serve"], help="(b): measure one side alone (experiments)"
+    )
     parser.add_argument("--parts", choices=["all", "proxy", "chat"], default="all")
-    args = parser.parse_args()
-    asyncio.run(run(args.n, args.parts))
+    asyncio.run(run(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""`make run` / `make demo`: start render, generate and the front door on 127.0.0.1, run the
-examples against the front door (the one URL users get), serve on.
+"""`make run` / `make demo`: start render, two generate nodes and the front door on 127.0.0.1,
+run the examples against the front door (the one URL users get), serve on.
 
 Without ``--model`` the tiny Qwen2-VL test model is built (seconds) and served; a tiny model's
 name (``qwen2-audio``, ``qwen3-vl``, ...) serves that one. ``--demo`` runs the examples and stops
@@ -27,6 +27,9 @@ RESTART_WINDOW_S = 600.0
 
 
 EMBEDS_EXAMPLE_MODELS = ("qwen2-vl", "qwen2.5-vl")
+GRPO_EXAMPLE_MODELS = ("qwen2-vl",)
+"""Tiny models examples/grpo_rollout.py trains (in transformers, on the CPU, with AdamW: a
+real model would not fit a CPU trainer)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +46,16 @@ def main(argv: list[str] | None = None) -> int:
         help="what the examples send (default: audio for an audio model, else image and video)",
     )
     parser.add_argument("--render-port", type=int, default=8100)
-    parser.add_argument("--generate-port", type=int, default=8200)
+    parser.add_argument(
+        "--generate-port", type=int, default=8200, help="the first generate node's port"
+    )
+    parser.add_argument(
+        "--generate-nodes",
+        type=int,
+        default=2,
+        help="generate nodes behind the front door, on consecutive ports (weight updates "
+        "reach them all)",
+    )
     parser.add_argument("--front-port", type=int, default=8000)
     parser.add_argument("--render-workers", type=int, default=0, help="default: one per core")
     parser.add_argument("--engine-args", default="--enforce-eager --max-model-len 4096")
@@ -52,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         "--weight-dir", default=str(WEIGHT_DIR), help="folder weight updates are read from"
     )
     args = parser.parse_args(argv)
+    if args.generate_nodes < 1:
+        parser.error("--generate-nodes must be at least 1")
     from tools.tiny_models import AUDIO_MODELS, MODELS, ensure_model
 
     model = args.model or "qwen2-vl"
@@ -67,27 +81,34 @@ def main(argv: list[str] | None = None) -> int:
     render = ServerProcess("render", python_module("tandem_render", *render_args), args.render_port)
     servers: dict[str, ServerProcess] = {}
     Path(args.weight_dir).mkdir(parents=True, exist_ok=True)
-    generate = ServerProcess(
-        "generate",
-        python_module(
-            "tandem_generate",
-            "--model",
-            model,
-            "--port",
-            str(args.generate_port),
-            # Bound to 127.0.0.1 with no key: the control routes are for the local trainer.
-            "--enable-control-routes",
-            *weight_transfer_args(args.weight_dir),
-            *embeds,
-            *shlex.split(args.engine_args),
-        ),
-        args.generate_port,
-    )
+    generates = [
+        ServerProcess(
+            f"generate-{i}",
+            python_module(
+                "tandem_generate",
+                "--model",
+                model,
+                "--port",
+                str(args.generate_port + i),
+                # Bound to 127.0.0.1 with no key: the control routes are for the local trainer.
+                "--enable-control-routes",
+                *weight_transfer_args(args.weight_dir),
+                *embeds,
+                *shlex.split(args.engine_args),
+            ),
+            args.generate_port + i,
+        )
+        for i in range(args.generate_nodes)
+    ]
     front: ServerProcess | None = None
     try:
-        print(f"starting render on {render.url} and generate on {generate.url} ({model})")
+        print(
+            f"starting render on {render.url} and generate on "
+            f"{', '.join(g.url for g in generates)} ({model})"
+        )
         render.wait_healthy(timeout=300)
-        generate.wait_healthy(timeout=600)
+        for generate in generates:
+            generate.wait_healthy(timeout=600)
         front = ServerProcess(
             "front",
             python_module(
@@ -97,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--render",
                 render.url,
                 "--generate",
-                generate.url,
+                ",".join(g.url for g in generates),
                 "--port",
                 str(args.front_port),
                 "--workers",
@@ -122,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             examples.append(
                 ["image_embeds.py", "--render-url", front.url, "--generate-url", front.url]
             )
+        if args.model in ("", *GRPO_EXAMPLE_MODELS):
+            # A training step on the tiny model, its weights sent to every generate node.
+            examples.append(
+                ["grpo_rollout.py", "--url", front.url, "--weight-dir", args.weight_dir]
+            )
         for example in examples:
             done = subprocess.run(
                 [sys.executable, str(ROOT / "examples" / example[0]), *example[1:]], check=False
@@ -132,19 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.demo:
             return 0
         print(
-            f"serving: front door {front.url} (render {render.url}, generate {generate.url}; "
-            f"weight updates from {args.weight_dir}); Ctrl-C to stop",
+            f"serving: front door {front.url} (render {render.url}, generate "
+            f"{', '.join(g.url for g in generates)}; weight updates from {args.weight_dir}); "
+            "Ctrl-C to stop",
             flush=True,
         )
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        servers = {"render": render, "generate": generate, "front": front}
+        servers = {"render": render, **{g.name: g for g in generates}, "front": front}
         return supervise(servers)
     except KeyboardInterrupt:
         return 0
     finally:
-        for server in (render, generate, *([front] if front else []), *servers.values()):
+        started = [render, *generates, *([front] if front else [])]
+        for server in (*started, *servers.values()):
             server.stop()
-        print(f"logs: {render.log} {generate.log}" + (f" {front.log}" if front else ""))
+        print(f"logs: {' '.join(str(s.log) for s in started)}")
 
 
 def supervise(servers: dict[str, ServerProcess]) -> int:

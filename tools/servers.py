@@ -64,7 +64,8 @@ class ServerProcess:
     def log_text(self, tail: int = 8000) -> str:
         return self.log.read_text(errors="replace")[-tail:]
 
-    def wait_healthy(self, timeout: float = 180.0) -> None:
+    def wait_healthy(self, timeout: float = 180.0, path: str = "/health") -> None:
+        """Until ``path`` answers 200 (a door without render nodes: ``/weight_info``)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -75,7 +76,7 @@ class ServerProcess:
                     f"{self.name} exited ({self.proc.returncode}):\n{self.log_text()}"
                 )
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}{path}", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -121,26 +122,36 @@ CPU_ENGINE_ARGS = (
 )
 
 
-def _start(name: str, module: str, args: list[str]) -> ServerProcess:
+# vLLM's own default binding of a CPU engine's OpenMP threads (``make`` exports ``nobind``
+# for everything it runs; benchmarks that compare engines give both this one).
+VLLM_DEFAULT_BINDING = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
+
+
+def _start(
+    name: str, module: str, args: list[str], env: dict[str, str] | None = None
+) -> ServerProcess:
     port = free_port()
-    return ServerProcess(name, python_module(module, *args, "--port", str(port)), port)
+    return ServerProcess(name, python_module(module, *args, "--port", str(port)), port, env)
 
 
-def upstream_render(model: str) -> ServerProcess:
-    """vLLM's own GPU-less render server (`vllm launch render`)."""
+def upstream_render(model: str, *options: str) -> ServerProcess:
+    """vLLM's own GPU-less render server (`vllm launch render`; ``options``: more of its
+    command-line options)."""
     return _start(
         "upstream-render",
         "vllm.entrypoints.launchers.render.entry",
-        ["--model", model, "--host", "127.0.0.1"],
+        ["--model", model, "--host", "127.0.0.1", *options],
     )
 
 
-def upstream_serve(model: str) -> ServerProcess:
-    """vLLM's OpenAI server with the scale-out routes (`/inference/v1/generate`)."""
+def upstream_serve(model: str, *options: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """vLLM's OpenAI server with the scale-out routes (`/inference/v1/generate`); ``options``:
+    more of its command-line options; ``env``: variables set over this process's environment."""
     return _start(
         "upstream-serve",
         "vllm.entrypoints.openai.api_server",
-        ["--model", model, "--host", "127.0.0.1", "--enable-scale-out", *CPU_ENGINE_ARGS],
+        ["--model", model, "--host", "127.0.0.1", "--enable-scale-out", *CPU_ENGINE_ARGS, *options],
+        env,
     )
 
 
@@ -151,14 +162,19 @@ def tandem_render(model: str, *options: str, workers: int = 1) -> ServerProcess:
     )
 
 
-def tandem_generate(model: str, weight_dir: str | None = None, *options: str) -> ServerProcess:
+def tandem_generate(
+    model: str,
+    weight_dir: str | None = None,
+    *options: str,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
     """Our generate server; control routes on (it binds 127.0.0.1), and with ``weight_dir`` the
     tandem_file weight-transfer backend reading updates from that folder (``options``: more of
-    its command-line options)."""
+    its command-line options; ``env``: variables set over this process's environment)."""
     args = ["--model", model, "--enable-control-routes", *CPU_ENGINE_ARGS, *options]
     if weight_dir is not None:
         args += [*weight_transfer_args(weight_dir)]
-    return _start("tandem-generate", "tandem_generate", args)
+    return _start("tandem-generate", "tandem_generate", args, env)
 
 
 def weight_transfer_args(weight_dir: str) -> list[str]:

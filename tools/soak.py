@@ -1,15 +1,28 @@
-"""make soak: render, generate and the front door under saturating mixed load for minutes; checks
-that nothing is lost, answered twice, wrong, refused without cause, or leaking memory.
+"""make soak: render, generate and the front door under saturating mixed load for minutes, driven
+through the door as users drive it; checks that nothing is lost, answered twice, wrong, refused
+without cause, or leaking memory.
 
-The load mixes 1-4 images per prompt (repeated from a small pool, or never seen before),
-streaming and not, n=1 (greedy) and n=4 (seeded), sent direct (render -> generate), through the
-front door's pass-through routes, and as OpenAI chat completions on the front door. Pass:
-- no 5xx, and every request answered: generate's access log counts exactly one 200 per request;
-- each answer's tokens equal those of the same request replayed alone (a sample of them);
-- RSS of every process flat after warm-up (within max(64 MiB, 5%));
-- every 429 came when generate's queue was full (``--max-pending`` requests outstanding).
-Prints latency percentiles per time window and RSS per process, and writes a PNG plot and the
-raw numbers (JSON) to ``--out``.
+The load, all through the front door, mixes:
+- OpenAI chat completions (``/v1/chat/completions``), streamed and not;
+- TRL's ``VLLMClient`` shape: the door's ``/v1/chat/completions/render``, then its
+  ``/inference/v1/generate`` with a ``trl-`` request id and JSON bodies (logprobs in TRL's shape);
+- tandem_client rollouts (binary bodies, items the door's node holds sent as null): two token-id
+  prompts of 1-3 images each, n=4 with a fixed seed (vLLM refuses n > 1 under greedy);
+- a weight update every ``--weight-every`` seconds (tandem_client.update_weights through the
+  door's control routes, the tandem_file backend): the served weights reloaded under a new
+  version label, so every answer's tokens stay checkable against a replay;
+- images repeated from a small pool or never seen before (``--fresh-share`` of them).
+Chat and TRL requests are n=1 (greedy) or n=4 (seeded). Pass:
+- no 5xx; every request answered exactly once: generate's, render's and the door's access logs
+  count exactly one 200 per request the load made of them;
+- each answer's tokens equal those of the same request replayed alone, direct (a sample);
+- RSS of every process flat after warm-up (within max(64 MiB, 5%)), at the caches' default
+  byte budgets (generate's item store and oneDNN's kernel cache at smaller ones, so that they
+  fill during the run);
+- every 429 came when generate's queue was full (``--max-pending`` requests outstanding);
+- every weight update succeeded and the last label is the one served at the end.
+Prints latency percentiles and req/s per time window and RSS per process, and writes a PNG plot
+and the raw numbers (JSON) to ``--out``.
 """
 
 from __future__ import annotations
@@ -17,11 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +44,7 @@ from typing import Any
 import httpx
 import psutil
 
+from tandem_client import AsyncTandemClient
 from tests.support.images import chat_body, data_url, png_bytes
 from tools.servers import ServerProcess, tandem_front, tandem_generate, tandem_render
 from tools.tiny_models import ensure_model
@@ -36,51 +52,68 @@ from tools.tiny_models import ensure_model
 RSS_SLACK_BYTES = 64 * 2**20
 RSS_SLACK_RATIO = 0.05
 IMAGE_POOL = 8
-"""Distinct images the "repeated" requests draw from."""
+"""Distinct images the "repeated" ones are drawn from."""
 MAX_429_RETRIES = 60
 RELEASE_LAG_S = 0.2
 """A request answered this recently may still hold its slot on generate (a stream's slot is
 freed just after its last bytes leave; answers of one engine step leave together)."""
-GENERATE_ITEM_CACHE_BYTES = 512 * 2**20
-ENGINE_MM_CACHE_GB = 0.25
-"""vLLM's engine-side item cache on generate (``--mm-processor-cache-gb``): a bounded arena
-that fills with fresh images, so its bound is the engine core's allowed RSS growth."""
+ROLLOUT_PROMPTS = 2
+GENERATE_ITEM_CACHE_BYTES = 256 * 2**20
+KINDS = ("chat", "chat", "trl", "trl", "rollout")
+GENERATING_PATHS = ("/inference/v1/generate", "/v1/chat/completions")
+"""The door's routes whose requests take a slot on generate."""
 
 
 @dataclass
 class SoakConfig:
-    seconds: float = 300.0
-    concurrency: int = 14
-    generate_max_pending: int = 10
+    seconds: float = 600.0
+    concurrency: int = 12
+    generate_max_pending: int = 8
     """Below the load's concurrency, so that generate's queue fills and 429s happen."""
     replay: int = 60
     """Answers replayed alone to check their tokens (a seeded sample)."""
     max_tokens: int = 12
     seed: int = 0
+    fresh_share: float = 1 / 3
+    """Share of images never seen before."""
+    weight_every_s: float = 60.0
+    """A weight update this often, the first half a period in."""
     out: Path = Path(".cache/soak")
-    window_s: float = 10.0
+    window_s: float = 30.0
     rss_every_s: float = 2.0
+    warm_share: float = 0.3
+    """RSS after warm-up is taken this far into the run."""
 
 
 @dataclass
 class Op:
     index: int
-    route: str
-    """``direct`` (render -> generate), ``front`` (the same through the front door) or ``chat``
-    (the front door's OpenAI chat completions)."""
+    kind: str
+    """``chat`` (the door's OpenAI chat completions), ``trl`` (TRL's render-then-generate shape
+    through the door) or ``rollout`` (tandem_client through the door)."""
     stream: bool
     n: int
-    images: list[int]
-    """Image seeds."""
+    images: list[list[int]]
+    """Image seeds, per prompt (one prompt but for rollouts)."""
 
     def sampling(self, max_tokens: int) -> dict[str, Any]:
         if self.n == 1:
             return {"max_tokens": max_tokens, "temperature": 0.0}
         # vLLM refuses n > 1 under greedy sampling: a fixed seed makes the samples repeatable.
-        return {"max_tokens": max_tokens, "temperature": 1.0, "seed": 1000 + self.index}
+        return {
+            "n": self.n,
+            "max_tokens": max_tokens,
+            "temperature": 1.0,
+            "seed": 1000 + self.index,
+        }
 
     def request_id(self) -> str:
-        return f"soak-{self.index}"
+        return f"trl-soak{self.index:08x}"
+
+    @property
+    def generate_requests(self) -> int:
+        """Requests the op makes of generate once answered (a rollout: one per prompt)."""
+        return len(self.images)
 
 
 @dataclass
@@ -90,27 +123,36 @@ class Outcome:
     latency: float
     status: int
     tokens: list[list[int]] | None = None
-    echoed_id: str | None = None
+    """Per sample (a rollout's prompt-major), the token ids."""
     error: str | None = None
-    overloaded: list[tuple[int, int]] = field(default_factory=list)
-    """For each 429 this op got from generate: the most requests of the load outstanding there
-    between sending it and the answer, and those answered within ``RELEASE_LAG_S`` before."""
+    versions: list[str | None] = field(default_factory=list)
+
+
+@dataclass
+class Overload:
+    at: float
+    path: str
+    outstanding: int
+    """The most requests of the load outstanding at generate between sending and the 429."""
+    recent: int
+    """Those answered within ``RELEASE_LAG_S`` before it was sent."""
 
 
 class Stack:
-    """The three services as processes, with their RSS sampled over time."""
+    """The three services as processes (generate taking weight updates from a temporary folder),
+    every cache at its default budget but generate's item store (``GENERATE_ITEM_CACHE_BYTES``)."""
 
     def __init__(self, model: str, generate_max_pending: int) -> None:
+        self._weights = tempfile.TemporaryDirectory(prefix="tandem-soak-weights-")
+        self.weight_dir = self._weights.name
         self.render = tandem_render(model, workers=2)
         self.generate = tandem_generate(
             model,
-            None,
+            self.weight_dir,
             "--max-pending",
             str(generate_max_pending),
-            "--mm-processor-cache-gb",
-            str(ENGINE_MM_CACHE_GB),
-            # Within what the process faults in at start-up (tandem_http.memory.MAX_PRETOUCH):
-            # the store fills and evicts during the soak, and RSS must not move.
+            # Small enough to fill and evict within the long run (at ~1.3 MiB/s of fresh
+            # images): RSS must plateau with the store full, not merely while it fills.
             "--item-cache-bytes",
             str(GENERATE_ITEM_CACHE_BYTES),
         )
@@ -118,7 +160,13 @@ class Stack:
         try:
             for server in self.servers:
                 server.wait_healthy(timeout=300)
-            self.front = tandem_front(model, self.render.url, self.generate.url, workers=1)
+            self.front = tandem_front(
+                model,
+                self.render.url,
+                self.generate.url,
+                "--enable-control-routes",
+                workers=1,
+            )
             self.servers.append(self.front)
             self.front.wait_healthy(timeout=120)
         except BaseException:
@@ -128,6 +176,7 @@ class Stack:
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
+        self._weights.cleanup()
 
 
 def processes(servers: list[ServerProcess]) -> dict[str, psutil.Process]:
@@ -143,8 +192,9 @@ def processes(servers: list[ServerProcess]) -> dict[str, psutil.Process]:
     return out
 
 
-def access_count(server: ServerProcess, status: int) -> int:
-    return server.log_text(tail=10**9).count(f'"POST /inference/v1/generate HTTP/1.1" {status}')
+def access_count(server: ServerProcess, paths: tuple[str, ...], status: int = 200) -> int:
+    log = server.log_text(tail=10**9)
+    return sum(log.count(f'"POST {path} HTTP/1.1" {status}') for path in paths)
 
 
 async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
@@ -161,43 +211,117 @@ async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
         yield rest
 
 
-class Load:
-    """The load generator: ``concurrency`` loops sending ops until the deadline."""
+class SlotWatch(httpx.AsyncBaseTransport):
+    """Every HTTP request of the load goes through here: those that take a slot on generate are
+    counted while outstanding (until their answer is closed), and each 429 is kept with the
+    most of them outstanding meanwhile (for the check that 429s came only from a full queue)."""
 
-    def __init__(self, cfg: SoakConfig, model: str, render: str, generate: str, front: str):
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.outstanding = 0
+        self._peaks: dict[object, int] = {}
+        self.finished_at: list[float] = []
+        self.overloads: list[Overload] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith(GENERATING_PATHS):
+            return await self.inner.handle_async_request(request)
+        now = time.monotonic()
+        recent = sum(1 for t in self.finished_at[-64:] if now - t < RELEASE_LAG_S)
+        token = object()
+        self._peaks[token] = self.outstanding
+        self.outstanding += 1
+        for key, peak in self._peaks.items():
+            self._peaks[key] = max(peak, self.outstanding - 1)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except BaseException:
+            self._release()
+            raise
+        finally:
+            peak = self._peaks.pop(token)
+        if response.status_code == 429:
+            self.overloads.append(Overload(time.monotonic(), request.url.path, peak, recent))
+            self._release()
+            return response
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_Released(stream, self._release),
+            extensions=response.extensions,
+            request=request,
+        )
+
+    def _release(self) -> None:
+        self.outstanding -= 1
+        self.finished_at.append(time.monotonic())
+
+    async def aclose(self) -> None:
+        pass  # shared by several clients: closed once, by its owner (Load.run)
+
+
+class _Released(httpx.AsyncByteStream):
+    def __init__(self, inner: httpx.AsyncByteStream, release: Any) -> None:
+        self._inner, self._release = inner, release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            if self._release is not None:
+                self._release, release = None, self._release
+                release()
+
+
+class Load:
+    """The load generator: ``concurrency`` loops sending ops through the door until the
+    deadline, and weight updates on a timer."""
+
+    def __init__(self, cfg: SoakConfig, model: str, front: str, weight_dir: str) -> None:
         self.cfg = cfg
         self.model = model
-        self.render, self.generate, self.front = render, generate, front
+        self.front = front
+        self.weight_dir = weight_dir
         self.rng = random.Random(cfg.seed)
         self.next_index = 0
         self.fresh_seed = 10_000
-        self.generating = 0
-        """Requests of this load that may be in generate's queue now (every path counted)."""
-        self._watching: dict[object, int] = {}
-        self.finished_at: list[float] = []
-        """When each of those requests was answered (for the 429 check)."""
         self.outcomes: list[Outcome] = []
-        self._images: dict[int, str] = {}
+        self.updates: list[dict[str, Any]] = []
+        self._images: dict[int, bytes] = {}
+        self._tokenizer: Any = None
+        limits = httpx.Limits(max_connections=8 * cfg.concurrency)
+        self.watch = SlotWatch(httpx.AsyncHTTPTransport(limits=limits))
 
-    def image(self, seed: int) -> str:
+    def image(self, seed: int) -> bytes:
         if seed not in self._images:
-            self._images[seed] = data_url(png_bytes(seed=seed))
+            self._images[seed] = png_bytes(seed=seed)
         return self._images[seed]
 
     def next_op(self) -> Op:
         rng = self.rng
+        kind = rng.choice(KINDS)
+        prompts = ROLLOUT_PROMPTS if kind == "rollout" else 1
         images = []
-        for _ in range(rng.randint(1, 4)):
-            if rng.random() < 0.6:
-                images.append(rng.randrange(IMAGE_POOL))
-            else:
-                self.fresh_seed += 1
-                images.append(self.fresh_seed)
+        for _ in range(prompts):
+            seeds = []
+            for _ in range(rng.randint(1, 3)):
+                if rng.random() < self.cfg.fresh_share:
+                    self.fresh_seed += 1
+                    seeds.append(self.fresh_seed)
+                else:
+                    seeds.append(rng.randrange(IMAGE_POOL))
+            images.append(seeds)
         op = Op(
             index=self.next_index,
-            route=rng.choice(["direct", "front", "chat"]),
-            stream=rng.random() < 0.5,
-            n=4 if rng.random() < 0.25 else 1,
+            kind=kind,
+            stream=kind == "chat" and rng.random() < 0.5,
+            n=4 if kind == "rollout" or rng.random() < 0.25 else 1,
             images=images,
         )
         self.next_index += 1
@@ -206,105 +330,169 @@ class Load:
     def chat(self, op: Op) -> dict[str, Any]:
         return chat_body(
             self.model,
-            [self.image(s) for s in op.images],
+            [data_url(self.image(s)) for s in op.images[0]],
             text=f"Describe image set {op.index % 5}.",
-            n=op.n,
             **op.sampling(self.cfg.max_tokens),
         )
 
-    async def run(self, deadline: float) -> None:
-        limits = httpx.Limits(max_connections=4 * self.cfg.concurrency)
-        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+    def prompt_ids(self, n_images: int, index: int) -> list[int]:
+        """A token-id prompt as a trainer holds it: the chat template with one image
+        placeholder per image (render expands each to the image's tokens)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model)
+        content = [{"type": "image"}] * n_images + [
+            {"type": "text", "text": f"Compare these, take {index % 7}."}
+        ]
+        text = self._tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def client(self, render: str, generate: str, transport: Any = None) -> AsyncTandemClient:
+        return AsyncTandemClient(
+            render,
+            generate,
+            model=self.model,
+            max_retries=MAX_429_RETRIES,
+            weight_dir=self.weight_dir,
+            transport=transport,
+        )
+
+    async def rollout(self, client: AsyncTandemClient, op: Op) -> Any:
+        return await client.rollout(
+            [self.prompt_ids(len(imgs), op.index) for imgs in op.images],
+            [[self.image(s) for s in imgs] for imgs in op.images],
+            n=op.n,
+            temperature=1.0,
+            max_tokens=self.cfg.max_tokens,
+            logprobs=0,
+            seed=1000 + op.index,
+            progress=False,
+        )
+
+    async def run(self, t0: float, deadline: float) -> None:
+        async with (
+            httpx.AsyncClient(timeout=300, transport=self.watch) as http,
+            self.client(self.front, self.front, self.watch) as client,
+        ):
 
             async def loop() -> None:
                 while time.monotonic() < deadline:
-                    self.outcomes.append(await self.one(http, self.next_op()))
+                    self.outcomes.append(await self.one(http, client, self.next_op()))
 
-            await asyncio.gather(*(loop() for _ in range(self.cfg.concurrency)))
+            await asyncio.gather(
+                self.update_weights(client, t0, deadline),
+                *(loop() for _ in range(self.cfg.concurrency)),
+            )
+        await self.watch.inner.aclose()
 
-    async def one(self, http: httpx.AsyncClient, op: Op) -> Outcome:
+    async def update_weights(self, client: AsyncTandemClient, t0: float, deadline: float) -> None:
+        """The served weights reloaded under a new label every period (the same numbers, so
+        tokens stay replayable; the engine still drops its prefix and encoder caches)."""
+        name, tensor = served_tensor(self.model)
+        k = 0
+        while True:
+            due = t0 + (k + 0.5) * self.cfg.weight_every_s
+            if due >= deadline:
+                return
+            await asyncio.sleep(due - time.monotonic())
+            began = time.monotonic()
+            record: dict[str, Any] = {"t": began - t0, "version": f"soak-{k}"}
+            try:
+                await client.update_weights({name: tensor}, version=f"soak-{k}")
+            except Exception as exc:  # reported as a failure, the load goes on
+                record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            record["seconds"] = time.monotonic() - began
+            self.updates.append(record)
+            k += 1
+
+    async def one(self, http: httpx.AsyncClient, client: AsyncTandemClient, op: Op) -> Outcome:
         started = time.monotonic()
         outcome = Outcome(op, started, 0.0, 0)
         try:
-            if op.route == "chat":
+            if op.kind == "chat":
                 await self._chat(http, op, outcome)
+            elif op.kind == "trl":
+                await self._trl(http, op, outcome)
             else:
-                base = self.render if op.route == "direct" else self.front
-                target = self.generate if op.route == "direct" else self.front
-                request = await self._render(http, base, op, outcome)
-                if request is not None:
-                    await self._generate(http, target, request, op, outcome)
-        except httpx.HTTPError as exc:
-            outcome.error = f"{type(exc).__name__}: {exc}"
+                result = await self.rollout(client, op)
+                outcome.status = 200
+                outcome.tokens = result.completion_ids
+                outcome.versions = result.versions()
+        except Exception as exc:  # the client's typed errors and httpx's alike
+            outcome.status = int(getattr(exc, "status_code", 0) or 0)
+            outcome.error = f"{type(exc).__name__}: {exc}"[:300]
         outcome.latency = time.monotonic() - started
         return outcome
 
-    async def _render(
-        self, http: httpx.AsyncClient, base: str, op: Op, outcome: Outcome
-    ) -> dict[str, Any] | None:
-        r = await http.post(f"{base}/v1/chat/completions/render", json=self.chat(op))
-        if r.status_code != 200:
-            outcome.status, outcome.error = r.status_code, r.text[:300]
-            return None
-        request: dict[str, Any] = r.json()
-        request["request_id"] = op.request_id()
-        if op.stream:
-            request["stream"] = True
-        return request
-
-    async def _post_generate(
-        self, send: Callable[[], Any], outcome: Outcome
-    ) -> httpx.Response | None:
-        """Send (retrying 429s after their Retry-After); the answer's stream is left open."""
+    async def _send(self, http: httpx.AsyncClient, path: str, body: Any) -> httpx.Response:
+        """POST through the door (the answer's stream left open), 429s retried after their
+        Retry-After; the last answer is returned whatever it is."""
         for _ in range(MAX_429_RETRIES):
-            now = time.monotonic()
-            recent = sum(1 for t in self.finished_at[-64:] if now - t < RELEASE_LAG_S)
-            # Generate admits the request at some moment before it answers (after the front
-            # door's render, on the chat route): the most requests outstanding meanwhile.
-            token = object()
-            self._watching[token] = self.generating
-            self.generating += 1
-            for key, peak in self._watching.items():
-                self._watching[key] = max(peak, self.generating - 1)
-            try:
-                response: httpx.Response = await send()
-            finally:
-                peak = self._watching.pop(token)
+            request = http.build_request("POST", f"{self.front}{path}", json=body)
+            response = await http.send(request, stream=True)
             if response.status_code != 429:
-                return response
-            self.generating -= 1
+                break
             await response.aclose()
-            outcome.overloaded.append((peak, recent))
             await asyncio.sleep(float(response.headers.get("retry-after", "1")))
-        outcome.error = "still 429 after every retry"
-        return None
+        return response
 
-    async def _generate(
-        self, http: httpx.AsyncClient, url: str, request: dict[str, Any], op: Op, outcome: Outcome
-    ) -> None:
-        def send() -> Any:
-            req = http.build_request("POST", f"{url}/inference/v1/generate", json=request)
-            return http.send(req, stream=True)
+    async def _trl(self, http: httpx.AsyncClient, op: Op, outcome: Outcome) -> None:
+        # As TRL's VLLMClient: render, then generate from the token ids and features with
+        # its own sampling fields, a trl- request id and FINAL_ONLY output.
+        r = await self._send(http, "/v1/chat/completions/render", self.chat(op))
+        rendered = await self._document(r, outcome)
+        if rendered is None:
+            return
+        body = {
+            "request_id": op.request_id(),
+            "model": self.model,
+            "token_ids": rendered["token_ids"],
+            "features": rendered["features"],
+            "sampling_params": {
+                **op.sampling(self.cfg.max_tokens),
+                "logprobs": 1,
+                "output_kind": 2,
+            },
+        }
+        answer = await self._document(
+            await self._send(http, "/inference/v1/generate", body), outcome
+        )
+        if answer is None:
+            return
+        if answer.get("request_id") != op.request_id():
+            outcome.error = f"answered with request id {answer.get('request_id')}"
+            return
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        for choice in choices:
+            entries = (choice.get("logprobs") or {}).get("content") or []
+            if not entries or any("token" not in e for e in entries):
+                outcome.error = "logprobs not in TRL's shape (no token strings)"
+                return
+        outcome.tokens = [c["token_ids"] for c in choices]
 
-        await self._answer(send, op, outcome, echoes_id=True)
+    async def _document(self, response: httpx.Response, outcome: Outcome) -> Any:
+        """The answer's JSON, or None with the failure noted."""
+        try:
+            outcome.status = response.status_code
+            raw = await response.aread()
+        finally:
+            await response.aclose()
+        if response.status_code != 200:
+            outcome.error = raw.decode(errors="replace")[:300]
+            return None
+        return json.loads(raw)
 
     async def _chat(self, http: httpx.AsyncClient, op: Op, outcome: Outcome) -> None:
         body = {**self.chat(op), "return_token_ids": True, "stream": op.stream}
-
-        def send() -> Any:
-            req = http.build_request("POST", f"{self.front}/v1/chat/completions", json=body)
-            return http.send(req, stream=True)
-
-        await self._answer(send, op, outcome, echoes_id=False)
-
-    async def _answer(
-        self, send: Callable[[], Any], op: Op, outcome: Outcome, *, echoes_id: bool
-    ) -> None:
-        """Send, then read each sample's token ids from the answer (whole or streamed; generate
-        and chat completions name them alike); ``echoes_id``: the answer carries our id (chat
-        ids are the front door's own)."""
-        response = await self._post_generate(send, outcome)
-        if response is None:
+        response = await self._send(http, "/v1/chat/completions", body)
+        if not op.stream:
+            answer = await self._document(response, outcome)
+            if answer is not None:
+                choices = sorted(answer["choices"], key=lambda c: c["index"])
+                outcome.tokens = [c["token_ids"] for c in choices]
             return
         try:
             outcome.status = response.status_code
@@ -312,50 +500,62 @@ class Load:
                 outcome.error = (await response.aread()).decode(errors="replace")[:300]
                 return
             tokens: dict[int, list[int]] = {}
-            if op.stream:
-                async for line in sse_lines(response):
-                    if not line.startswith("data: {"):
-                        continue
-                    try:
-                        chunk = json.loads(line[6:])
-                    except json.JSONDecodeError as exc:  # a broken event: the server's fault
-                        outcome.error = f"unreadable stream event: {exc}"
-                        return
-                    outcome.echoed_id = chunk.get("request_id")
-                    for choice in chunk["choices"]:
-                        tokens.setdefault(choice["index"], []).extend(choice.get("token_ids") or [])
-            else:
-                answer = json.loads(await response.aread())
-                outcome.echoed_id = answer.get("request_id")
-                for choice in answer["choices"]:
-                    tokens[choice["index"]] = choice["token_ids"]
+            async for line in sse_lines(response):
+                if not line.startswith("data: {"):
+                    continue
+                try:
+                    chunk = json.loads(line[6:])
+                except json.JSONDecodeError as exc:  # a broken event: the server's fault
+                    outcome.error = f"unreadable stream event: {exc}"
+                    return
+                for choice in chunk["choices"]:
+                    tokens.setdefault(choice["index"], []).extend(choice.get("token_ids") or [])
             outcome.tokens = [tokens.get(i, []) for i in range(op.n)]
-            if not echoes_id:
-                outcome.echoed_id = op.request_id()
         finally:
-            self.generating -= 1
-            self.finished_at.append(time.monotonic())
             await response.aclose()
 
-    async def replay(self, http: httpx.AsyncClient, op: Op) -> list[list[int]]:
-        """The op's tokens from the same request sent alone, direct, not streamed."""
-        r = await http.post(f"{self.render}/v1/chat/completions/render", json=self.chat(op))
-        r.raise_for_status()
-        request = r.json()
-        g = await http.post(f"{self.generate}/inference/v1/generate", json=request)
-        g.raise_for_status()
-        choices = sorted(g.json()["choices"], key=lambda c: c["index"])
-        return [c["token_ids"] for c in choices]
+
+def served_tensor(model: str) -> tuple[str, Any]:
+    """One whole tensor of the served checkpoint (the output projection when it has one)."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Any] = {}
+    for file in sorted(Path(model).glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    name = "lm_head.weight" if "lm_head.weight" in tensors else sorted(tensors)[0]
+    return name, tensors[name]
+
+
+async def replay(
+    load: Load,
+    http: httpx.AsyncClient,
+    client: AsyncTandemClient,
+    render: str,
+    generate: str,
+    op: Op,
+) -> list[list[int]]:
+    """The op's tokens from the same request sent alone, direct to render and generate."""
+    if op.kind == "rollout":
+        result = await load.rollout(client, op)
+        return list(result.completion_ids)
+    r = await http.post(f"{render}/v1/chat/completions/render", json=load.chat(op))
+    r.raise_for_status()
+    g = await http.post(f"{generate}/inference/v1/generate", json=r.json())
+    g.raise_for_status()
+    choices = sorted(g.json()["choices"], key=lambda c: c["index"])
+    return [c["token_ids"] for c in choices]
 
 
 @dataclass
 class Report:
     requests: int
-    by_route: dict[str, int]
+    by_kind: dict[str, int]
     windows: list[dict[str, float]]
     rss: dict[str, dict[str, float]]
     overloaded: int
     replayed: int
+    updates: list[dict[str, Any]]
+    versions_seen: list[str]
     failures: list[str]
 
 
@@ -366,8 +566,9 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-def windows(outcomes: list[Outcome], t0: float, width: float) -> list[dict[str, float]]:
+def windows(load: Load, t0: float, width: float) -> list[dict[str, float]]:
     rows = []
+    outcomes = load.outcomes
     end = max((o.started + o.latency for o in outcomes), default=t0)
     start = t0
     while start < end:
@@ -377,10 +578,16 @@ def windows(outcomes: list[Outcome], t0: float, width: float) -> list[dict[str, 
             {
                 "t": start - t0,
                 "answered": float(len(done)),
+                "req_per_s": sum(o.op.generate_requests for o in done) / width,
                 "p50_ms": percentile(lat, 50),
                 "p95_ms": percentile(lat, 95),
                 "p99_ms": percentile(lat, 99),
-                "overloaded": float(sum(len(o.overloaded) for o in done)),
+                "overloaded": float(
+                    sum(1 for x in load.watch.overloads if start <= x.at < start + width)
+                ),
+                "updates": float(
+                    sum(1 for u in load.updates if start - t0 <= u["t"] < start - t0 + width)
+                ),
             }
         )
         start += width
@@ -398,11 +605,36 @@ async def held_slots(generate: str) -> float:
     return float("nan")
 
 
+@dataclass
+class Counts:
+    """Access-log 200s during the load, per server and route."""
+
+    generate: int
+    render: int
+    door_chat: int
+    door_generate: int
+    door_render: int
+
+
+def count_200s(stack_servers: dict[str, ServerProcess]) -> Counts:
+    door = stack_servers["front"]
+    return Counts(
+        generate=access_count(stack_servers["generate"], ("/inference/v1/generate",)),
+        render=access_count(
+            stack_servers["render"], ("/v1/chat/completions/render", "/v1/completions/render")
+        ),
+        door_chat=access_count(door, ("/v1/chat/completions",)),
+        door_generate=access_count(door, ("/inference/v1/generate",)),
+        door_render=access_count(door, ("/v1/chat/completions/render", "/v1/completions/render")),
+    )
+
+
 def check(
     cfg: SoakConfig,
     load: Load,
-    answered_200: int,
+    counted: Counts,
     held_after: float,
+    served_version: str,
     rss: dict[str, dict[str, float]],
     mismatches: list[str],
 ) -> list[str]:
@@ -410,27 +642,51 @@ def check(
     outcomes = load.outcomes
     for o in outcomes:
         if o.status >= 500 or o.status == 0 or o.error:
-            failures.append(f"op {o.op.index} ({o.op.route}): {o.status} {o.error}")
-        elif o.echoed_id != o.op.request_id():
-            failures.append(f"op {o.op.index}: answered with request id {o.echoed_id}")
-        elif o.tokens is None or any(not t for t in o.tokens):
-            failures.append(f"op {o.op.index}: a sample without tokens")
+            failures.append(f"op {o.op.index} ({o.op.kind}): {o.status} {o.error}")
+        elif o.tokens is None or len(o.tokens) != o.op.n * len(o.op.images):
+            failures.append(f"op {o.op.index} ({o.op.kind}): {o.tokens and len(o.tokens)} samples")
+        elif any(not t for t in o.tokens):
+            failures.append(f"op {o.op.index} ({o.op.kind}): a sample without tokens")
     if held_after != 0:
         failures.append(f"generate still holds {held_after} admission slots after the load")
-    ok = sum(1 for o in outcomes if o.status == 200)
-    if answered_200 != ok:
-        failures.append(f"generate answered {answered_200} requests with 200; {ok} succeeded")
-    for o in outcomes:
-        for others, recent in o.overloaded:
-            if others + recent < cfg.generate_max_pending:
-                failures.append(
-                    f"op {o.op.index}: 429 with at most {others} requests outstanding and {recent} "
-                    f"just answered (limit {cfg.generate_max_pending})"
-                )
+    ok = [o for o in outcomes if o.status == 200 and not o.error]
+    kinds = {k: [o for o in ok if o.op.kind == k] for k in set(KINDS)}
+    rollout_prompts = sum(o.op.generate_requests for o in kinds["rollout"])
+    # The door renders a chat completion again when generate refused it (429) and it is sent
+    # again: render answers those too.
+    chat_refused = sum(1 for x in load.watch.overloads if x.path == "/v1/chat/completions")
+    # What each server must have answered with 200, once each: every chat op is one render and
+    # one generate request behind the door; a TRL op one of each through it; a rollout one
+    # render request (its prompts in one batch) and one generate request per prompt.
+    expected = Counts(
+        generate=len(ok) - len(kinds["rollout"]) + rollout_prompts,
+        render=len(ok) + chat_refused,
+        door_chat=len(kinds["chat"]),
+        door_generate=len(kinds["trl"]) + rollout_prompts,
+        door_render=len(kinds["trl"]) + len(kinds["rollout"]),
+    )
+    for name, want in asdict(expected).items():
+        got = getattr(counted, name)
+        if got != want:
+            failures.append(
+                f"{name}: {got} requests answered 200 in the access log; {want} succeeded"
+            )
+    for x in load.watch.overloads:
+        if x.outstanding + x.recent < cfg.generate_max_pending:
+            failures.append(
+                f"a 429 with at most {x.outstanding} requests outstanding and {x.recent} just "
+                f"answered (limit {cfg.generate_max_pending})"
+            )
+    due = math.ceil(cfg.seconds / cfg.weight_every_s - 0.5)  # at 0.5, 1.5, ... periods
+    if len(load.updates) < due:
+        failures.append(f"{len(load.updates)} weight updates ran; {due} were due")
+    for u in load.updates:
+        if "error" in u:
+            failures.append(f"weight update {u['version']}: {u['error']}")
+    if load.updates and served_version != load.updates[-1]["version"]:
+        failures.append(f"serving {served_version!r} after the last update {load.updates[-1]}")
     for name, row in rss.items():
         allowed = max(RSS_SLACK_BYTES, RSS_SLACK_RATIO * row["warm"])
-        if "EngineCore" in name:
-            allowed += ENGINE_MM_CACHE_GB * 2**30
         if row["end"] - row["warm"] > allowed:
             failures.append(
                 f"{name}: RSS grew {(row['end'] - row['warm']) / 2**20:.0f} MiB after warm-up"
@@ -448,8 +704,13 @@ def plot(report: Report, rss_series: dict[str, list[tuple[float, float]]], path:
     t = [w["t"] for w in report.windows]
     for key in ("p50_ms", "p95_ms", "p99_ms"):
         top.plot(t, [w[key] for w in report.windows], marker="o", label=key.split("_")[0])
-    top.set_ylabel("latency per request (ms)")
-    top.set_title(f"Tandem soak: {report.requests} requests, {report.overloaded} 429s (retried)")
+    for u in report.updates:
+        top.axvline(u["t"], color="grey", linestyle=":", linewidth=1)
+    top.set_ylabel("latency per op (ms)")
+    top.set_title(
+        f"Tandem soak through the door: {report.requests} ops, {report.overloaded} 429s "
+        f"(retried), {len(report.updates)} weight updates (dotted)"
+    )
     top.legend()
     for name, series in rss_series.items():
         bottom.plot([s[0] for s in series], [s[1] / 2**20 for s in series], label=name)
@@ -462,15 +723,19 @@ def plot(report: Report, rss_series: dict[str, list[tuple[float, float]]], path:
 
 
 async def soak(
-    cfg: SoakConfig, model: str, render: str, generate: str, front: str, servers: list[Any]
+    cfg: SoakConfig,
+    model: str,
+    servers: dict[str, ServerProcess],
+    weight_dir: str,
 ) -> tuple[Report, Load]:
-    """Drive the load against running services; ``servers`` are their ServerProcesses (for RSS
-    and access logs; generate's is the one with "generate" in its name)."""
-    gen_server = next(s for s in servers if "generate" in s.name)
-    procs = processes(servers)
+    """Drive the load against running services (``servers``: ``render``, ``generate`` and
+    ``front``; their processes' RSS is sampled and their access logs read)."""
+    render, generate, front = (servers[k].url for k in ("render", "generate", "front"))
+    procs = processes(list(servers.values()))
     rss_series: dict[str, list[tuple[float, float]]] = {n: [] for n in procs}
-    load = Load(cfg, model, render, generate, front)
-    before_200 = access_count(gen_server, 200)
+    load = Load(cfg, model, front, weight_dir)
+    load.prompt_ids(1, 0)  # the tokenizer loads before the clock starts
+    before = count_200s(servers)
     t0 = time.monotonic()
     stop = asyncio.Event()
 
@@ -487,50 +752,57 @@ async def soak(
                 pass
 
     sampler = asyncio.create_task(sample_rss())
-    await load.run(t0 + cfg.seconds)
+    await load.run(t0, t0 + cfg.seconds)
     stop.set()
     await sampler
-    answered_200 = access_count(gen_server, 200) - before_200
+    after = count_200s(servers)
+    counted = Counts(**{k: v - getattr(before, k) for k, v in asdict(after).items()})
     held_after = await held_slots(generate)
 
-    warm_at = 0.3 * cfg.seconds
     rss: dict[str, dict[str, float]] = {}
     for name, series in rss_series.items():
         if not series:
             continue
-        warm = min(series, key=lambda s: abs(s[0] - warm_at))[1]
+        warm = min(series, key=lambda s: abs(s[0] - cfg.warm_share * cfg.seconds))[1]
         rss[name] = {"start": series[0][1], "warm": warm, "end": series[-1][1]}
 
+    # Replays are requests too: the access-log counts above were taken before them.
     mismatches: list[str] = []
-    done = [o for o in load.outcomes if o.status == 200 and o.tokens]
+    done = [o for o in load.outcomes if o.status == 200 and o.tokens and not o.error]
     sample = random.Random(cfg.seed).sample(done, min(cfg.replay, len(done)))
-    async with httpx.AsyncClient(timeout=300) as http:
+    async with (
+        httpx.AsyncClient(timeout=300) as http,
+        load.client(render, generate) as direct,
+    ):
+        served_version = (await http.get(f"{front}/weight_info")).json()["weight_version"]
         for o in sample:
-            alone = await load.replay(http, o.op)
+            alone = await replay(load, http, direct, render, generate, o.op)
             if alone != o.tokens:
                 mismatches.append(
-                    f"op {o.op.index} ({o.op.route}, n={o.op.n}, stream={o.op.stream}): "
+                    f"op {o.op.index} ({o.op.kind}, n={o.op.n}, stream={o.op.stream}): "
                     f"{o.tokens} under load, {alone} alone"
                 )
-        # Replays are requests too: the access-log count above was taken before them.
-    by_route: dict[str, int] = {}
+    by_kind: dict[str, int] = {}
     for o in load.outcomes:
-        by_route[o.op.route] = by_route.get(o.op.route, 0) + 1
+        by_kind[o.op.kind] = by_kind.get(o.op.kind, 0) + 1
     report = Report(
         requests=len(load.outcomes),
-        by_route=by_route,
-        windows=windows(load.outcomes, t0, cfg.window_s),
+        by_kind=by_kind,
+        windows=windows(load, t0, cfg.window_s),
         rss=rss,
-        overloaded=sum(len(o.overloaded) for o in load.outcomes),
+        overloaded=len(load.watch.overloads),
         replayed=len(sample),
+        updates=load.updates,
+        versions_seen=sorted({v or "?" for o in load.outcomes for v in o.versions}),
         failures=[],
     )
-    report.failures = check(cfg, load, answered_200, held_after, rss, mismatches)
+    report.failures = check(cfg, load, counted, held_after, served_version, rss, mismatches)
     cfg.out.mkdir(parents=True, exist_ok=True)
     plot(report, rss_series, cfg.out / "soak.png")
     raw = {
         "config": {**asdict(cfg), "out": str(cfg.out)},
         "report": asdict(report),
+        "access_log_200s": asdict(counted),
         "rss_series": rss_series,
     }
     (cfg.out / "soak.json").write_text(json.dumps(raw, indent=1))
@@ -538,15 +810,17 @@ async def soak(
 
 
 def print_report(report: Report, cfg: SoakConfig) -> None:
-    print(f"\n{report.requests} requests in {cfg.seconds:.0f} s at concurrency {cfg.concurrency}")
-    print(f"by route: {report.by_route}; 429s (then retried): {report.overloaded}")
+    print(f"\n{report.requests} ops in {cfg.seconds:.0f} s at concurrency {cfg.concurrency}")
+    print(f"by kind: {report.by_kind}; 429s (then retried): {report.overloaded}")
+    print(f"weight updates: {len(report.updates)}; versions rollouts saw: {report.versions_seen}")
     print(f"replayed alone: {report.replayed}\n")
-    print("| t (s) | answered | p50 ms | p95 ms | p99 ms | 429s |")
-    print("|---|---|---|---|---|---|")
+    print("| t (s) | ops answered | generate req/s | p50 ms | p95 ms | p99 ms | 429s | updates |")
+    print("|---|---|---|---|---|---|---|---|")
     for w in report.windows:
         print(
-            f"| {w['t']:.0f} | {w['answered']:.0f} | {w['p50_ms']:.0f} | {w['p95_ms']:.0f} "
-            f"| {w['p99_ms']:.0f} | {w['overloaded']:.0f} |"
+            f"| {w['t']:.0f} | {w['answered']:.0f} | {w['req_per_s']:.1f} | {w['p50_ms']:.0f} "
+            f"| {w['p95_ms']:.0f} | {w['p99_ms']:.0f} | {w['overloaded']:.0f} "
+            f"| {w['updates']:.0f} |"
         )
     print("\n| process | RSS start MiB | after warm-up | end | growth |")
     print("|---|---|---|---|---|")
@@ -567,17 +841,9 @@ def run(cfg: SoakConfig, model: str | None = None) -> Report:
     """Start the stack, soak it, stop it."""
     model = model or str(ensure_model("qwen2-vl"))
     stack = Stack(model, cfg.generate_max_pending)
+    servers = {"render": stack.render, "generate": stack.generate, "front": stack.front}
     try:
-        report, _ = asyncio.run(
-            soak(
-                cfg,
-                model,
-                stack.render.url,
-                stack.generate.url,
-                stack.front.url,
-                stack.servers,
-            )
-        )
+        report, _ = asyncio.run(soak(cfg, model, servers, stack.weight_dir))
     finally:
         stack.stop()
     return report
@@ -589,6 +855,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=SoakConfig.concurrency)
     p.add_argument("--generate-max-pending", type=int, default=SoakConfig.generate_max_pending)
     p.add_argument("--replay", type=int, default=SoakConfig.replay)
+    p.add_argument("--fresh-share", type=float, default=SoakConfig.fresh_share)
+    p.add_argument("--weight-every", type=float, default=SoakConfig.weight_every_s)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=SoakConfig.out)
     p.add_argument("--model", help="model folder (default: the tiny Qwen2-VL)")
@@ -598,9 +866,11 @@ def main() -> int:
         concurrency=args.concurrency,
         generate_max_pending=args.generate_max_pending,
         replay=args.replay,
+        fresh_share=args.fresh_share,
+        weight_every_s=args.weight_every,
         seed=args.seed,
         out=args.out,
-        window_s=max(5.0, args.seconds / 20),
+        window_s=max(10.0, args.seconds / 20),
     )
     report = run(cfg, args.model)
     print_report(report, cfg)

@@ -6,7 +6,9 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from tandem_http import serve_settings, settings_from_cli
+from tandem_http import ADMIN_KEY_ENV, keys_from_env, serve_settings, settings_from_cli
+from tandem_http.draining import KEEP_ALIVE_S
+from tandem_vllm.parser_flags import add_parser_flags, check_parser_flags
 
 from .settings import SETTINGS_ENV, FrontSettings
 
@@ -27,7 +29,9 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         type=_urls,
         default=_urls(env("TANDEM_RENDER_URLS", "")) if env("TANDEM_RENDER_URLS") else None,
         required=not env("TANDEM_RENDER_URLS"),
-        help="render node base URLs, comma-separated (default: $TANDEM_RENDER_URLS)",
+        help="render node base URLs, comma-separated; dns+http://NAME:PORT is every address "
+        "NAME resolves to, looked up again every --discovery-interval-s "
+        "(default: $TANDEM_RENDER_URLS)",
     )
     p.add_argument(
         "--generate",
@@ -35,7 +39,21 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         type=_urls,
         default=_urls(env("TANDEM_GENERATE_URLS", "")) if env("TANDEM_GENERATE_URLS") else None,
         required=not env("TANDEM_GENERATE_URLS"),
-        help="generate node base URLs, comma-separated (default: $TANDEM_GENERATE_URLS)",
+        help="generate node base URLs, comma-separated; dns+http://NAME:PORT is every address "
+        "NAME resolves to (a Kubernetes headless Service), looked up again every "
+        "--discovery-interval-s; a node found later gets no inference work until it reports "
+        "the fleet's weight version (default: $TANDEM_GENERATE_URLS)",
+    )
+    p.add_argument(
+        "--discovery-interval-s",
+        type=float,
+        help="seconds between lookups of dns+http:// node names "
+        f"(default: {FrontSettings.discovery_interval_s})",
+    )
+    p.add_argument(
+        "--discovery-hosts-file",
+        help="resolve dns+http:// node names from this hosts-format file (ADDRESS NAME... "
+        "lines, read at each lookup) instead of DNS",
     )
     p.add_argument(
         "--model",
@@ -57,6 +75,7 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         default=None,
         help="run model-provided tokenizer code (only for models you trust)",
     )
+    add_parser_flags(p, FrontSettings.tool_strict_level, FrontSettings.cohere_format)
     p.add_argument(
         "--host",
         default=env("TANDEM_HOST", "127.0.0.1"),
@@ -78,8 +97,19 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
     p.add_argument(
         "--api-key",
         default=None,  # the environment is read after parsing, so --help never shows the key
-        help="require `Authorization: Bearer KEY` on every route but /health "
-        "(default: $TANDEM_API_KEY, else no key)",
+        help="the inference key: require `Authorization: Bearer KEY` (or an admin key) on "
+        "every route but /health (default: $TANDEM_API_KEY, else no key)",
+    )
+    p.add_argument(
+        "--admin-api-key",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="admin keys (several: repeat the flag or list them): the only keys whose "
+        "state-changing control calls (/pause, /resume, /abort_requests, weight updates, "
+        "/reset_prefix_cache) are sent on to the generate nodes (an inference key gets 403 "
+        "admin_required); they also pass wherever the inference key does "
+        f"(default: ${ADMIN_KEY_ENV}, comma-separated, else none)",
     )
     p.add_argument(
         "--upstream-api-key",
@@ -88,11 +118,19 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         "(default: $TANDEM_UPSTREAM_API_KEY, else none)",
     )
     p.add_argument(
+        "--upstream-admin-api-key",
+        default=None,
+        help="the key sent to the generate nodes on state-changing control routes, one of "
+        "their --admin-api-key (default: $TANDEM_UPSTREAM_ADMIN_API_KEY, else the "
+        "--upstream-api-key)",
+    )
+    p.add_argument(
         "--enable-control-routes",
         action="store_true",
         default=None,
-        help="serve the state-changing control routes (/reset_prefix_cache, /pause, weight "
-        "updates...) without an API key (with --api-key they are always served)",
+        help="without --admin-api-key, serve the state-changing control routes to every "
+        "caller the key check lets in (the --api-key's holders, or anyone with no key: for a "
+        "trusted network only); without it they answer 403. No effect with admin keys",
     )
     p.add_argument(
         "--logprobs-format",
@@ -105,7 +143,33 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
     p.add_argument(
         "--max-body-bytes",
         type=int,
-        help=f"largest request body, in bytes (default: {FrontSettings.max_body_bytes})",
+        help="largest /inference/v1/generate body, in bytes (default: the largest cap the "
+        "generate nodes tell, their model's; until one has told, "
+        f"{FrontSettings.max_body_bytes})",
+    )
+    p.add_argument(
+        "--render-max-body-bytes",
+        type=int,
+        help="largest body of the routes that go to render (render pass-through, chat and "
+        f"completions), in bytes (default: render's own, {FrontSettings.render_max_body_bytes})",
+    )
+    p.add_argument(
+        "--max-pending",
+        type=int,
+        help="requests one worker holds before answering 429 "
+        f"(default: {FrontSettings.max_pending})",
+    )
+    p.add_argument(
+        "--max-held-bytes",
+        type=int,
+        help="bytes of request bodies one worker holds before answering 429 (default: a "
+        "quarter of the memory limit, cgroup or RAM, shared among the workers; 0: no budget)",
+    )
+    p.add_argument(
+        "--upstream-keepalive-s",
+        type=float,
+        help="seconds an idle connection to a node is kept, below the nodes' own "
+        f"{KEEP_ALIVE_S} s (default: {FrontSettings.upstream_keepalive_s})",
     )
     p.add_argument(
         "--connect-timeout-s",
@@ -118,11 +182,28 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         type=float,
         help=f"longest wait for an upstream's next bytes (default: {FrontSettings.read_timeout_s})",
     )
+    p.add_argument(
+        "--fence-poll-s",
+        type=float,
+        help="seconds between asking every generate node its weight version; a node that does "
+        "not hold the fleet's version is fenced, gets no requests, until it does "
+        f"(default: {FrontSettings.fence_poll_s})",
+    )
     args = vars(p.parse_args(argv))
     args["served_model_name"] = tuple(args["served_model_name"] or ())
     args["api_key"] = args["api_key"] or env("TANDEM_API_KEY")
     args["upstream_api_key"] = args["upstream_api_key"] or env("TANDEM_UPSTREAM_API_KEY")
-    return settings_from_cli(FrontSettings, args)
+    args["admin_api_key"] = tuple(args["admin_api_key"] or keys_from_env(env(ADMIN_KEY_ENV)))
+    args["upstream_admin_api_key"] = args["upstream_admin_api_key"] or env(
+        "TANDEM_UPSTREAM_ADMIN_API_KEY"
+    )
+    check_parser_flags(p, args)
+    # An operator's cap is the cap; otherwise the door follows what the generate nodes take.
+    args["follow_generate_body_cap"] = args["max_body_bytes"] is None
+    try:
+        return settings_from_cli(FrontSettings, args)
+    except ValueError as exc:
+        p.error(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

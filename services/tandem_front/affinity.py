@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 
 from tandem_client.routing import affinity_key
-from tandem_wire import WireFormat, new_request_id
+from tandem_wire import IDENTITY, MalformedBody, WireFormat, decode_body, new_request_id
 
-__all__ = ["routing_key", "request_id_of_body"]
+__all__ = ["INLINE_HEAD_BYTES", "generate_route"]
+
+INLINE_HEAD_BYTES = 1024 * 1024
+"""Plain bodies up to this size have their head read on the event loop; larger ones, and every
+compressed one, are read in a worker thread: zstd releases the GIL while it inflates, and a
+long JSON scan (~0.25 ms per MB) at least yields at the interpreter's switch interval."""
 
 
 class _Features(msgspec.Struct):
@@ -29,21 +36,39 @@ def _head(body: bytes, fmt: WireFormat) -> _Head | None:
     try:
         return _JSON.decode(body) if fmt is WireFormat.JSON else _MSGPACK.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
+        return None  # the node judges it, and answers why
+    except RecursionError:
+        # Even skipped values are walked: a body nested past the interpreter's depth is
+        # refused here as the nodes' decoder refuses it (tandem_wire's documents).
+        raise MalformedBody("body nests too deeply") from None
 
 
-def request_id_of_body(body: bytes, fmt: WireFormat) -> str | None:
-    """The body's ``request_id``, if it parses and has one."""
-    head = _head(body, fmt)
-    return None if head is None else head.request_id
+async def generate_route(
+    route_key: str | None, body: bytes, coding: str, fmt: WireFormat, max_bytes: int
+) -> tuple[str, str | None]:
+    """(routing key, ``request_id``) of a generate request, with the least work on its body.
+
+    The route-key header marks a Tandem client (TRL's ``VLLMClient`` never sends it, nor
+    compresses): its key is taken as is and the body is not touched at all, not even decoded,
+    so its id is not read (None: not a TRL request). Without the header the body's head gives
+    both (decoded first if compressed, capped at ``max_bytes``); msgspec skips the tensors.
+    """
+    if route_key:
+        return route_key, None
+    if coding == IDENTITY and len(body) <= INLINE_HEAD_BYTES:
+        return _route_of_head(_head(body, fmt))
+    return await asyncio.to_thread(_route_of_body, body, coding, fmt, max_bytes)
 
 
-def routing_key(body: bytes, fmt: WireFormat) -> str:
-    """The first item hash (modalities in name order), as tandem_client routes, else the
-    request id; a random key when the body names neither or does not parse (the generate node
-    answers the typed error for a bad body)."""
-    head = _head(body, fmt)
+def _route_of_body(
+    body: bytes, coding: str, fmt: WireFormat, max_bytes: int
+) -> tuple[str, str | None]:
+    return _route_of_head(_head(decode_body(body, coding, max_bytes), fmt))
+
+
+def _route_of_head(head: _Head | None) -> tuple[str, str | None]:
     if head is None:
-        return new_request_id()
+        return new_request_id(), None
     feats = head.features
-    return affinity_key(feats.mm_hashes if feats else None, head.request_id) or new_request_id()
+    key = affinity_key(feats.mm_hashes if feats else None, head.request_id)
+    return key or new_request_id(), head.request_id

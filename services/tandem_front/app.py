@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,9 +14,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
+from tandem_client.discovery import Resolve
 from tandem_client.routing import ROUTE_KEY_HEADER
 from tandem_http import (
-    api_keys,
+    CONTROL_BODY_BYTES,
+    AdmissionGate,
+    ControlAccess,
+    admitted,
+    body_chunks,
+    held_bytes_budget,
     mark_process_dead,
     metrics_response,
     models_response,
@@ -24,20 +30,30 @@ from tandem_http import (
     read_raw_body,
     service_app,
 )
+from tandem_http.admission import declared_length
 from tandem_http.openapi import BodySchemas, install_openapi
-from tandem_wire import WireFormat, body_coding, decode_body, format_of_content_type
+from tandem_wire import body_coding, format_of_content_type
+from tandem_wire.control import CONTROL_ROUTES, ControlRoute
 
-from .affinity import request_id_of_body, routing_key
-from .control import CONTROL_ROUTES, ControlRoute, fan_out
-from .errors import ControlRoutesDisabled, UpstreamError, UpstreamUnavailable
+from .affinity import generate_route
+from .control import fan_out
+from .discovery import NodeWatch
+from .errors import UpstreamError, UpstreamUnavailable
 from .metrics import FrontMetrics
-from .openai_service import OpenAIService, Texts
-from .proxy import Forwarder, OnceStream, upstream_headers
+from .openai_service import Answers, OpenAIService
+from .proxy import (
+    ClientGone,
+    Forwarder,
+    OnceStream,
+    unless_gone,
+    upstream_headers,
+    with_upstream_headers,
+)
 from .schemas import upstream_body_schemas
 from .settings import SETTINGS_ENV, FrontSettings
 from .trl_compat import HEADER as LOGPROBS_FORMAT_HEADER
 from .trl_compat import TRL_REQUEST_PREFIX, with_token_strings
-from .upstreams import Upstreams
+from .upstreams import Node, Upstreams
 
 __all__ = ["create_app", "app_from_env"]
 
@@ -47,33 +63,50 @@ GENERATE_PATH = "/inference/v1/generate"
 
 def create_app(
     settings: FrontSettings,
-    texts: Texts | None = None,
+    answers: Answers | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    resolve: Resolve | None = None,
 ) -> FastAPI:
-    """Build the app. Without ``texts``, the tokenizer-backed detokenizer (vLLM's) is built at
-    start-up; ``transport`` replaces the network for in-process tests."""
+    """Build the app. Without ``answers``, the tokenizer-backed answer side (vLLM's) is built
+    at start-up; ``transport`` replaces the network and ``resolve`` DNS for in-process tests."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = FrontMetrics.create(registry)
+    gate = AdmissionGate(
+        settings.max_pending,
+        "tandem_front",
+        registry,
+        max_bytes=held_bytes_budget(settings.max_held_bytes, settings.workers),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upstreams = Upstreams(settings, transport)
+        watch = NodeWatch(upstreams, resolve)
+        watching = None
+        if watch.dynamic:
+            await watch.refresh()  # the first requests find the discovered nodes
+            watching = asyncio.create_task(watch.run())
+        app.state.node_watch = watch
+        upstreams.start()
         forwarder = Forwarder(upstreams, metrics)
-        text_side = texts
-        if text_side is None:
-            from .vllm_texts import VllmTexts
+        answer_side = answers
+        if answer_side is None:
+            from .vllm_answers import VllmAnswers
 
-            text_side = VllmTexts(settings)
+            answer_side = VllmAnswers(settings)
         app.state.upstreams = upstreams
         app.state.forwarder = forwarder
-        app.state.openai = OpenAIService(settings, upstreams, forwarder, text_side)
+        app.state.openai = OpenAIService(settings, upstreams, forwarder, answer_side)
         try:
             yield
         finally:
+            if watching is not None:
+                watching.cancel()
             await upstreams.aclose()
             mark_process_dead(os.getpid())
 
-    app = service_app("Tandem front door", lifespan, settings.api_key)
+    app = service_app("Tandem front door", lifespan, settings.api_key, settings.admin_api_key)
+    app.add_exception_handler(ClientGone, _client_gone)
 
     def forwarder(request: Request) -> Forwarder:
         return request.app.state.forwarder  # type: ignore[no-any-return]
@@ -81,57 +114,48 @@ def create_app(
     def openai(request: Request) -> OpenAIService:
         return request.app.state.openai  # type: ignore[no-any-return]
 
+    @admitted(gate)
     async def render_route(request: Request) -> Response:
         fwd = forwarder(request)
-        body = OnceStream(request.stream())
+        body = OnceStream(body_chunks(request, settings.render_max_body_bytes))
         return await fwd.forward(fwd.upstreams.render_order(), request, request.url.path, body)
 
     for path in RENDER_ROUTES:
         app.add_api_route(path, render_route, methods=["POST"])
 
     @app.post(GENERATE_PATH)
+    @admitted(gate)
     async def generate(request: Request) -> Response:
         # The body is read whole (capped), then sent on byte for byte, compressed or not.
         # tandem_client names the routing key in a header (its repeats carry content ids, not
-        # render's hashes); for other callers it is read from the body (decoded, capped).
+        # render's hashes), and then the body is not decoded here at all: the node judges it.
+        # For other callers the key is read from the body (decoded off the loop, capped).
         coding = body_coding(request.headers.get("content-encoding"))
-        body = await read_raw_body(request, settings.max_body_bytes)
-        fmt = format_of_content_type(request.headers.get("content-type"))
         fwd = forwarder(request)
-
-        @functools.cache
-        def plain() -> bytes:
-            return decode_body(body, coding, settings.max_body_bytes)
-
-        key = request.headers.get(ROUTE_KEY_HEADER) or routing_key(plain(), fmt)
+        cap = await fwd.upstreams.generate_body_cap(declared_length(request))
+        body = await read_raw_body(request, cap)
+        fmt = format_of_content_type(request.headers.get("content-type"))
+        key, request_id = await generate_route(
+            request.headers.get(ROUTE_KEY_HEADER), body, coding, fmt, cap
+        )
         nodes = fwd.upstreams.generate_order(key)
-        if not _trl_shape(settings, request, plain, fmt):
+        if not _trl_shape(settings, request, request_id):
             return await fwd.forward(nodes, request, GENERATE_PATH, body)
         headers = upstream_headers(request, len(body))
         headers["accept"] = "application/json"
-        node, response = await fwd.open(nodes, "POST", GENERATE_PATH, headers, body)
-        try:
-            raw = await response.aread()
-        finally:
-            await fwd.close(node, response)
-        ctype = response.headers.get("content-type", "")
-        if response.status_code != 200 or "json" not in ctype:
-            return Response(raw, response.status_code, media_type=ctype or None)
-        try:
-            document = json.loads(raw)
-        except ValueError:
-            raise UpstreamError(f"{node.url} answered unreadable JSON") from None
-        return JSONResponse(with_token_strings(document))
+        return await unless_gone(request, _trl_answer(fwd, nodes, headers, body))
 
     @app.post("/v1/chat/completions")
+    @admitted(gate)
     async def chat(request: Request) -> Response:
-        body = await read_body(request, settings.max_body_bytes)
-        return await openai(request).chat(body, request)
+        body = await read_body(request, settings.render_max_body_bytes)
+        return await unless_gone(request, openai(request).chat(body, request))
 
     @app.post("/v1/completions")
+    @admitted(gate)
     async def completions(request: Request) -> Response:
-        body = await read_body(request, settings.max_body_bytes)
-        return await openai(request).completions(body, request)
+        body = await read_body(request, settings.render_max_body_bytes)
+        return await unless_gone(request, openai(request).completions(body, request))
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -155,33 +179,37 @@ def create_app(
     async def metrics_route() -> Response:
         return metrics_response(registry)
 
-    keyed = bool(api_keys(settings.api_key))
+    access = ControlAccess(settings.api_key, settings.admin_api_key, settings.enable_control_routes)
+    admin_key = settings.upstream_admin_api_key
 
-    def control_handler(path: str, route: ControlRoute) -> Any:
+    def control_handler(route: ControlRoute) -> Any:
+        path = route.path
+
+        @admitted(gate)
         async def handler(request: Request) -> Response:
-            if route.changes_state and not (keyed or settings.enable_control_routes):
-                raise ControlRoutesDisabled(
-                    f"{path} changes engine state: start the front door with --api-key or "
-                    "--enable-control-routes to serve it"
-                )
-            body = await read_body(request, settings.max_body_bytes)
+            if route.changes_state:
+                access.check(request, path)  # before anything is read or sent on
+            body = await read_body(request, CONTROL_BODY_BYTES)
             ups = forwarder(request).upstreams
             headers = upstream_headers(request, len(body))
             headers.pop("content-encoding", None)  # the body goes on decoded
+            if route.changes_state and admin_key:
+                # Only admins get here: the nodes are told so with the door's admin key.
+                headers["authorization"] = f"Bearer {admin_key}"
             status, answer = await fan_out(
-                ups, route, path, request.url.query, headers, body, ups.generate
+                ups, route, request.url.query, headers, body, ups.generate
             )
             return JSONResponse(answer, status_code=status)
 
         return handler
 
-    for path, route in CONTROL_ROUTES.items():
-        app.add_api_route(path, control_handler(path, route), methods=[route.method])
+    for route in CONTROL_ROUTES:
+        app.add_api_route(route.path, control_handler(route), methods=[route.method])
 
     async def schemas(request: Request) -> BodySchemas:
         generate_paths = [
             GENERATE_PATH,
-            *(p for p, r in CONTROL_ROUTES.items() if r.method == "POST"),
+            *(r.path for r in CONTROL_ROUTES if r.method == "POST"),
         ]
         return await upstream_body_schemas(
             forwarder(request).upstreams, RENDER_ROUTES, generate_paths
@@ -191,14 +219,34 @@ def create_app(
     return app
 
 
-def _trl_shape(
-    settings: FrontSettings, request: Request, body: Callable[[], bytes], fmt: WireFormat
-) -> bool:
-    """Whether this generate answer gets TRL's logprob shape (see ``logprobs_format``)."""
+async def _trl_answer(
+    fwd: Forwarder, nodes: list[Node], headers: dict[str, str], body: bytes
+) -> Response:
+    """A generate answer read whole, its logprobs reshaped for TRL; refusals pass unchanged."""
+    node, response = await fwd.open(nodes, "POST", GENERATE_PATH, headers, body)
+    raw = await fwd.read(node, response)
+    ctype = response.headers.get("content-type", "")
+    if response.status_code != 200 or "json" not in ctype:
+        passed = Response(raw, response.status_code, media_type=ctype or None)
+        return with_upstream_headers(passed, response)
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise UpstreamError(f"{node.url} answered unreadable JSON") from None
+    return with_upstream_headers(JSONResponse(with_token_strings(document)), response)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # Nobody reads this answer: the caller hung up while it was prepared (see unless_gone).
+    return Response(status_code=499)
+
+
+def _trl_shape(settings: FrontSettings, request: Request, request_id: str | None) -> bool:
+    """Whether this generate answer gets TRL's logprob shape (see ``logprobs_format``);
+    ``request_id`` as ``generate_route`` read it (None: not read, not a TRL request)."""
     mode = request.headers.get(LOGPROBS_FORMAT_HEADER) or settings.logprobs_format
     if mode == "auto":
-        rid = request_id_of_body(body(), fmt)
-        return rid is not None and rid.startswith(TRL_REQUEST_PREFIX)
+        return request_id is not None and request_id.startswith(TRL_REQUEST_PREFIX)
     return mode == "trl"
 
 

@@ -1,146 +1,138 @@
-"""Control routes: which go to every generate node, and how their answers are combined.
+"""Control routes: each goes to every generate node, answers combined as the route table says.
 
-State-changing routes reach EVERY generate node at once; the answer is 200 only when every
-node answered 2xx, else ``control_partial_failure`` naming each node that failed. Read-only
-routes ask every reachable node and combine the answers as the table says (documented in the
-README): a fleet is paused if any node is; world sizes add up; the rest is the first node's.
+The table is ``tandem_wire.control.CONTROL_ROUTES``; the rules (combining, fencing, an update
+that starts everywhere or nowhere) are ``tandem_client.fleet``'s. A state-changing route is 200
+only when every node it must reach answered 2xx, else ``control_partial_failure`` naming each
+node that failed with its own status and error type. So is ``/get_world_size``; a fleet is
+paused if any node is; ``/weight_info`` lists every node's version and which are fenced;
+server info is the first node's. ``/init_weight_transfer_engine`` gives each node its own NCCL
+ranks (see ``ranks``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-import httpx
+from tandem_client import fleet
+from tandem_client.fleet import COMBINE, CombineError, NodeAnswer
+from tandem_wire import error_types
+from tandem_wire.control import ControlRoute
 
-from .errors import ControlPartialFailure, UpstreamUnavailable
+from . import ranks
+from .errors import ControlPartialFailure, FrontError, UpstreamError, UpstreamUnavailable
 from .upstreams import Node, Upstreams
 
-__all__ = ["CONTROL_ROUTES", "ControlRoute", "NodeAnswer", "fan_out"]
+__all__ = ["fan_out"]
+
+INIT_PATH = "/init_weight_transfer_engine"
+WORLD_SIZE_PATH = "/get_world_size"
+_UPDATE_STEPS = (fleet.START_PATH, fleet.UPDATE_PATH, fleet.FINISH_PATH, fleet.ABORT_PATH)
 
 
-@dataclass(frozen=True)
-class NodeAnswer:
-    """What one node said (``status`` 0: it could not be reached)."""
-
-    url: str
-    status: int
-    body: Any
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    def summary(self) -> dict[str, Any]:
-        info = self.body.get("error") if isinstance(self.body, dict) else None
-        kind = info.get("type") if isinstance(info, dict) else None
-        return {"url": self.url, "status": self.status, "type": kind or "unreachable"}
-
-
-Combine = Callable[[list[NodeAnswer]], Any]
-
-
-def _first(answers: list[NodeAnswer]) -> Any:
-    return answers[0].body
-
-
-def _any_paused(answers: list[NodeAnswer]) -> Any:
-    return {"is_paused": any(bool(a.body.get("is_paused")) for a in answers)}
-
-
-def _world_size(answers: list[NodeAnswer]) -> Any:
-    return {"world_size": sum(int(a.body.get("world_size", 0)) for a in answers)}
-
-
-def _each(answers: list[NodeAnswer]) -> Any:
-    # Every node's own answer, plus the first one's fields for clients reading one node's shape.
-    first = answers[0].body if isinstance(answers[0].body, dict) else {}
-    return {**first, "nodes": [{"url": a.url, "body": a.body} for a in answers]}
-
-
-@dataclass(frozen=True)
-class ControlRoute:
-    method: str
-    changes_state: bool
-    combine: Combine
-
-
-CONTROL_ROUTES: dict[str, ControlRoute] = {
-    "/reset_prefix_cache": ControlRoute("POST", True, _each),
-    "/pause": ControlRoute("POST", True, _each),
-    "/resume": ControlRoute("POST", True, _each),
-    "/init_weight_transfer_engine": ControlRoute("POST", True, _each),
-    "/start_weight_update": ControlRoute("POST", True, _each),
-    "/update_weights": ControlRoute("POST", True, _each),
-    "/finish_weight_update": ControlRoute("POST", True, _each),
-    "/update_weight_version": ControlRoute("POST", True, _each),
-    "/abort_requests": ControlRoute("POST", True, _each),
-    "/is_paused": ControlRoute("GET", False, _any_paused),
-    "/weight_info": ControlRoute("GET", False, _first),
-    "/get_world_size": ControlRoute("GET", False, _world_size),
-    "/server_info": ControlRoute("GET", False, _first),
-}
-"""Every control route of the front door (path -> method, whether it changes engine state,
-how node answers become one)."""
-
-
-async def _ask(
-    upstreams: Upstreams,
-    node: Node,
-    method: str,
-    path: str,
-    params: str,
-    headers: dict[str, str],
-    body: bytes,
-) -> NodeAnswer:
-    url = f"{node.url}{path}" + (f"?{params}" if params else "")
+async def _init_bodies(ask: fleet.Ask, body: bytes, nodes: Sequence[Node]) -> list[bytes]:
+    """Each node's ``/init_weight_transfer_engine`` body: its own ``rank_offset`` from the
+    world sizes the nodes tell now (see ``ranks``); nothing is sent when one does not tell."""
+    doc = ranks.ranked_init(body)
+    if doc is None:
+        return [body] * len(nodes)
+    path = f"{WORLD_SIZE_PATH}?include_dp=true"
+    answers = await fleet.fan_out(ask, nodes, "GET", path, [b""] * len(nodes))
     try:
-        r = await upstreams.http.request(method, url, headers=headers, content=body or None)
-    except httpx.HTTPError:
-        upstreams.failed(node)
-        return NodeAnswer(node.url, 0, None)
-    try:
-        parsed: Any = r.json()
-    except (ValueError, json.JSONDecodeError):
-        parsed = r.text[:200]
-    return NodeAnswer(node.url, r.status_code, parsed)
+        COMBINE["world_size"](answers, nodes)  # every node told one, or refused here
+    except CombineError as exc:
+        raise _combine_error(exc, f"{INIT_PATH} was sent to no node: ") from None
+    sizes = [a.body["world_size"] for a in answers]
+    return ranks.per_node_bodies(doc, [n.url for n in nodes], sizes)
 
 
 async def fan_out(
     upstreams: Upstreams,
     route: ControlRoute,
-    path: str,
     params: str,
     headers: dict[str, str],
     body: bytes,
     nodes: Sequence[Node],
 ) -> tuple[int, Any]:
-    """Send the request to ``nodes`` at once; (status, body) of the combined answer (see the
-    module doc). Nodes that all refuse the same way have their refusal passed on."""
+    """Send the request to ``nodes`` (in the configured order of ``--generate`` URLs) at once;
+    (status, body) of the combined answer (see the module doc). Nodes that all refuse the same
+    way have their refusal passed on."""
     if not nodes:
         raise UpstreamUnavailable("no generate node is configured")
-    answers = list(
-        await asyncio.gather(
-            *(_ask(upstreams, n, route.method, path, params, headers, body) for n in nodes)
-        )
-    )
+    query = f"?{params}" if params else ""
+    # The bodies may differ in length (per-node ranks); httpx counts each.
+    sent = {k: v for k, v in headers.items() if k != "content-length"}
+    asked = {k: v for k, v in sent.items() if k != "content-type"}
+
+    async def ask(node: fleet.Node, method: str, path: str, content: bytes) -> NodeAnswer:
+        return await upstreams.ask(node, method, path, content, sent if content else asked)
+
+    path = route.path
+    if path in _UPDATE_STEPS:
+        # Fencing is judged on what the nodes hold as the step begins.
+        await upstreams.refresh_versions()
+    if path == fleet.START_PATH:
+        answers = await fleet.start_everywhere(ask, nodes)
+    else:
+        bodies = await _init_bodies(ask, body, nodes) if path == INIT_PATH else [body] * len(nodes)
+        answers = await fleet.fan_out(ask, nodes, route.method, path + query, bodies)
+    if path == fleet.UPDATE_PATH:
+        # A node whose chunk failed (or timed out: it may still be loading it) is left
+        # mid-update no longer, so a finish cannot label what it did not load.
+        dropped = [n for n, a in zip(nodes, answers, strict=True) if not a.ok]
+        await fleet.fan_out(ask, dropped, "POST", fleet.ABORT_PATH, [b""] * len(dropped))
+    if path == fleet.WEIGHT_INFO_PATH:
+        for node, answer in zip(nodes, answers, strict=True):
+            if answer.ok:
+                node.learn(answer.body)
     failed = [a for a in answers if not a.ok]
     ok = [a for a in answers if a.ok]
     if failed and not ok and len({a.status for a in failed}) == 1 and failed[0].status:
         # Every node refused the same way (bad body, no such route, no key): their answer.
         return failed[0].status, failed[0].body
-    if route.changes_state and failed:
-        names = ", ".join(f"{a.url} ({a.status or 'unreachable'})" for a in failed)
-        raise ControlPartialFailure(
-            f"{path} failed on {len(failed)} of {len(answers)} generate nodes: {names}",
-            details={
-                "failed": [a.summary() for a in failed],
-                "succeeded": [a.url for a in ok],
-            },
-        )
-    if not ok:
-        raise UpstreamUnavailable(f"{path}: no generate node answered it")
-    return 200, route.combine(ok)
+    if path in _UPDATE_STEPS:
+        fenced_before = [n.url for n in fleet.fenced(nodes)]
+        must = fleet.update_failures(nodes, answers)
+        if path in (fleet.FINISH_PATH, fleet.ABORT_PATH):
+            await upstreams.refresh_versions()  # this worker fences at once
+        _refuse_update(path, must, answers, nodes, fenced_before)
+    elif route.changes_state:
+        _refuse_update(path, failed, answers, nodes, [])
+    try:
+        if not ok and path != fleet.WEIGHT_INFO_PATH:
+            raise UpstreamUnavailable(f"{path}: no generate node answered it")
+        return 200, COMBINE[route.combine](answers, nodes)
+    except CombineError as exc:
+        raise _combine_error(exc) from None
+
+
+def _combine_error(exc: CombineError, prefix: str = "") -> FrontError:
+    kind = UpstreamError if exc.type == error_types.UPSTREAM_ERROR else ControlPartialFailure
+    return kind(prefix + exc.message, details={"failed": exc.failed, "succeeded": exc.succeeded})
+
+
+def _refuse_update(
+    path: str,
+    failed: list[NodeAnswer],
+    answers: list[NodeAnswer],
+    nodes: Sequence[Node],
+    fenced_before: list[str],
+) -> None:
+    """A state-changing step that failed on nodes (for an update step: nodes not fenced
+    before it): each one's own answer, and which nodes are fenced now."""
+    if not failed:
+        return
+    names = ", ".join(a.describe() for a in failed)
+    undone = ""
+    if path == fleet.START_PATH:
+        undone = " (undone on every node that started: none is updating)"
+    raise ControlPartialFailure(
+        f"{path} failed on {len(failed)} of {len(answers)} generate nodes: {names}{undone}",
+        details={
+            "failed": [a.summary() for a in failed],
+            "succeeded": [a.url for a in answers if a.ok],
+            "weight_version": fleet.fleet_version(nodes),
+            "fenced": [n.url for n in fleet.fenced(nodes)],
+            "fenced_before": fenced_before,
+        },
+    )

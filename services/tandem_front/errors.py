@@ -9,8 +9,8 @@ __all__ = [
     "FrontError",
     "UpstreamUnavailable",
     "UpstreamError",
+    "UpstreamTimeout",
     "ControlPartialFailure",
-    "ControlRoutesDisabled",
 ]
 
 
@@ -26,10 +26,18 @@ class UpstreamUnavailable(FrontError):
 
 
 class UpstreamError(FrontError):
-    """An upstream answered with something that is not a readable answer or typed error."""
+    """An upstream answered with something that is not a readable answer or typed error, or
+    its connection broke (reset, protocol error) before or during the answer."""
 
     status_code = 502
     type = error_types.UPSTREAM_ERROR
+
+
+class UpstreamTimeout(FrontError):
+    """An upstream took the request but did not answer within the read timeout."""
+
+    status_code = 504
+    type = error_types.UPSTREAM_TIMEOUT
 
 
 class ControlPartialFailure(FrontError):
@@ -37,10 +45,3 @@ class ControlPartialFailure(FrontError):
 
     status_code = 502
     type = error_types.CONTROL_PARTIAL_FAILURE
-
-
-class ControlRoutesDisabled(FrontError):
-    """State-changing control routes need an API key or ``--enable-control-routes``."""
-
-    status_code = 403
-    type = error_types.CONTROL_ROUTES_DISABLED

@@ -16,7 +16,7 @@ class FrontMetrics:
     upstream_latency: Histogram
     """Seconds from sending a request to an upstream until its answer's headers, by node."""
     upstream_errors: Counter
-    """Upstream answers >= 400 and failed connections, by node and kind."""
+    """Upstream answers >= 400, failed connections and transport failures, by node and kind."""
     upstream_retries: Counter
     """Requests moved to another node because one could not be reached, by tier."""
 
@@ -32,7 +32,8 @@ class FrontMetrics:
             ),
             upstream_errors=Counter(
                 "tandem_front_upstream_errors",
-                "Upstream answers >= 400 (kind=status) and unreachable nodes (kind=connect)",
+                "Upstream answers >= 400 (kind=status), unreachable or draining nodes "
+                "(kind=connect, draining) and transport failures (kind=upstream_timeout, ...)",
                 ["tier", "node", "kind"],
                 registry=registry,
             ),

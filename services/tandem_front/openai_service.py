@@ -1,32 +1,32 @@
-"""OpenAI chat and completions over the pair: render -> generate -> detokenize, in the door.
+"""OpenAI chat and completions over the pair: render -> generate -> the answer, in the door.
 
 The caller's body goes to render as it came (render validates it as vLLM's server does); the
-rendered request goes to generate as msgpack (tensors never travel back to the caller); the
-token ids that come back are detokenized by the tokenizer side (``Texts``: vLLM's incremental
-detokenizer and response models, in ``vllm_texts``). Upstream refusals pass through unchanged.
+rendered request goes to generate as rendered, in msgpack (tensors never travel back to the
+caller); the token ids that come back are written up by the answer side (``Answers``:
+``vllm_answers``, ``vllm serve``'s own serving code over vLLM's detokenizer). Upstream
+refusals pass through unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import httpx
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from tandem_client.client import chat_sampling_fields
 from tandem_client.routing import affinity_key
 from tandem_http import BadRequest, request_id_of
 from tandem_wire import (
+    SYSTEM_FINGERPRINT_HEADER,
     WIRE_TRANSFORMS_HEADER,
-    ChoiceLogprobs,
     GenerateRequest,
     GenerateResponse,
+    WireError,
     WireFormat,
     decode_document,
     decode_generate_request,
@@ -36,29 +36,56 @@ from tandem_wire import (
 )
 
 from .errors import UpstreamError
-from .proxy import Forwarder, downstream_headers
+from .proxy import DONE, Forwarder, Relay, merged, sse_with_error_tail, with_upstream_headers
 from .settings import FrontSettings
 from .upstreams import Node, Upstreams
 
-__all__ = ["OpenAIService", "TextStream", "Texts"]
+__all__ = ["Answers", "OpenAIService", "Plan"]
 
 _MSGPACK = WireFormat.MSGPACK.content_type
 
 
-class TextStream(Protocol):
-    def feed(self, token_ids: Sequence[int], stop_terminated: bool) -> str | None: ...
+class Plan(Protocol):
+    """One request's answer side."""
 
-    def text(self, *, finished: bool, delta: bool) -> str: ...
+    stream: bool
+
+    def sampling(self, rendered: dict[str, Any]) -> dict[str, Any]:
+        """The generate request's ``sampling_params`` from render's."""
+        ...
+
+    async def whole(
+        self,
+        rid: str,
+        model: str,
+        gens: list[GenerateRequest[Any]],
+        results: list[GenerateResponse],
+    ) -> bytes:
+        """The whole answer (JSON) to generate's answers, one per prompt."""
+        ...
+
+    def chunks(
+        self,
+        rid: str,
+        model: str,
+        gens: list[GenerateRequest[Any]],
+        events: AsyncIterator[tuple[int, dict[str, Any]]],
+    ) -> AsyncIterator[bytes]:
+        """The SSE events (``data: ...``, without ``[DONE]``) for generate's stream events,
+        each with its prompt's index; a failure of ``events`` is raised."""
+        ...
 
 
-class Texts(Protocol):
-    """The tokenizer side (``vllm_texts.VllmTexts``)."""
+class Answers(Protocol):
+    """The tokenizer side (``vllm_answers.VllmAnswers``)."""
 
-    def stream(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> TextStream: ...
+    def plan(self, body: dict[str, Any], chat: bool) -> Plan:
+        """Raises BadRequest for a body vLLM's server refuses."""
+        ...
 
-    def logprob_tokens(self, token_ids: list[int], context: list[int]) -> list[str]: ...
-
-    def shape(self, kind: str, fields: dict[str, Any], *, chunk: bool = False) -> bytes: ...
+    def saw_fingerprint(self, fingerprint: str) -> None:
+        """A generate node's engine fingerprint, for the answers' ``system_fingerprint``."""
+        ...
 
 
 class _PassThrough(Exception):
@@ -66,33 +93,6 @@ class _PassThrough(Exception):
 
     def __init__(self, response: Response) -> None:
         self.response = response
-
-
-class _Ask:
-    """What the caller asked for, beyond what render turns into sampling fields."""
-
-    def __init__(self, body: dict[str, Any], chat: bool) -> None:
-        self.body = body
-        self.chat = chat
-        self.stream = bool(body.get("stream"))
-        options = body.get("stream_options") or {}
-        self.include_usage = self.stream and bool(options.get("include_usage"))
-        self.continuous_usage = self.include_usage and bool(options.get("continuous_usage_stats"))
-        self.return_token_ids = bool(body.get("return_token_ids"))
-        self.as_token_ids = bool(body.get("return_tokens_as_token_ids"))
-        if chat:
-            self.top = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
-        else:
-            lp = body.get("logprobs")
-            self.top = None if lp is None else int(lp)
-
-    def sampling(self) -> dict[str, Any]:
-        fields = chat_sampling_fields(self.body)
-        if not self.chat:
-            fields.pop("logprobs", None)
-            if self.top is not None:
-                fields["logprobs"] = self.top
-        return fields
 
 
 class OpenAIService:
@@ -103,44 +103,59 @@ class OpenAIService:
         settings: FrontSettings,
         upstreams: Upstreams,
         forwarder: Forwarder,
-        texts: Texts,
+        answers: Answers,
     ) -> None:
         self.settings = settings
         self.upstreams = upstreams
         self.forwarder = forwarder
-        self.texts = texts
+        self.answers = answers
         self._max_model_len: int | None = None
 
     # -- routes --------------------------------------------------------------------------
 
     async def chat(self, body: bytes, request: Request) -> Response:
-        ask = _Ask(_json_object(body), chat=True)
+        doc = _json_object(body)
+        # Checked as vLLM's server checks a body before anything else (a 400 on bad types).
+        plan = self.answers.plan(doc, chat=True)
         try:
             raw = await self._render("/v1/chat/completions/render", body, request)
-            rendered = decode_generate_request(raw, WireFormat.MSGPACK)
-            gen = self._generate_request(rendered, ask, f"chatcmpl-{new_request_id()}")
-            if ask.stream:
-                return await self._open_stream(request, [gen], ask)
-            result = await self._generate(gen, request)
+            rendered = _decoded(decode_generate_request, raw)
+            gens = [self._generate_request(rendered, plan, f"chatcmpl-{new_request_id()}")]
+            return await self._answer(request, doc, plan, gens, gens[0].request_id)
         except _PassThrough as refused:
             return refused.response
-        return self._answer(self._chat_document(gen, result, ask))
 
     async def completions(self, body: bytes, request: Request) -> Response:
-        ask = _Ask(_json_object(body), chat=False)
+        doc = _json_object(body)
+        plan = self.answers.plan(doc, chat=False)
         try:
             raw = await self._render("/v1/completions/render", body, request)
+            rendered = _decoded(decode_generate_requests, raw)
             rid = f"cmpl-{new_request_id()}"
-            gens = [
-                self._generate_request(r, ask, f"{rid}-{i}")
-                for i, r in enumerate(decode_generate_requests(raw, WireFormat.MSGPACK))
-            ]
-            if ask.stream:
-                return await self._open_stream(request, gens, ask, rid)
-            results = await asyncio.gather(*(self._generate(g, request) for g in gens))
+            gens = [self._generate_request(r, plan, f"{rid}-{i}") for i, r in enumerate(rendered)]
+            return await self._answer(request, doc, plan, gens, rid)
         except _PassThrough as refused:
             return refused.response
-        return self._answer(self._completion_document(rid, gens, list(results), ask))
+
+    async def _answer(
+        self,
+        request: Request,
+        doc: dict[str, Any],
+        plan: Plan,
+        gens: list[GenerateRequest[Any]],
+        rid: str,
+    ) -> Response:
+        model = self._model(doc)
+        if plan.stream:
+            return await self._open_stream(request, gens, plan, rid, model)
+        tasks = [asyncio.ensure_future(self._generate(g, request)) for g in gens]
+        try:
+            results = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:  # one prompt refused: the others stop (and give back) too
+                t.cancel()
+        document = await plan.whole(rid, model, gens, list(results))
+        return Response(document, media_type="application/json")
 
     async def max_model_len(self) -> int | None:
         """The generate nodes' context length (asked once, from the first that answers)."""
@@ -164,10 +179,7 @@ class OpenAIService:
         }
 
     async def _read(self, node: Node, response: httpx.Response) -> bytes:
-        try:
-            return await response.aread()
-        finally:
-            await self.forwarder.close(node, response)
+        return await self.forwarder.read(node, response)
 
     async def _render(self, path: str, body: bytes, request: Request) -> bytes:
         headers = self._headers(request, "application/json")
@@ -183,16 +195,18 @@ class OpenAIService:
         return raw
 
     def _generate_request(
-        self, rendered: GenerateRequest[Any], ask: _Ask, request_id: str
+        self, rendered: GenerateRequest[Any], plan: Plan, request_id: str
     ) -> GenerateRequest[Any]:
-        # Render leaves out sampling values equal to vLLM's defaults; what the caller asked
-        # for is written explicitly (as tandem_client's chat does).
-        sampling = {**rendered.sampling_params, **ask.sampling()}
+        # Sampling is render's, as rendered: vLLM's own ``to_sampling_params`` resolved the
+        # caller's body there (max_tokens clamped to the room left, the model's default
+        # stop_token_ids merged in); a field render left out equals SamplingParams' default,
+        # which generate reads back. Only what the door itself answers is set here: the
+        # stream's usage chunks and token ids are the door's to write.
         return msgspec.structs.replace(
             rendered,
             request_id=request_id,
-            sampling_params=sampling,
-            stream=ask.stream,
+            sampling_params=plan.sampling(rendered.sampling_params),
+            stream=plan.stream,
             stream_options=None,
             return_token_ids=False,
         )
@@ -214,6 +228,9 @@ class OpenAIService:
         if response.status_code != 200:
             raw = await self._read(node, response)
             raise _PassThrough(_passed(response, raw))
+        fingerprint = response.headers.get(SYSTEM_FINGERPRINT_HEADER)
+        if fingerprint:
+            self.answers.saw_fingerprint(fingerprint)
         return node, response
 
     async def _generate(self, gen: GenerateRequest[Any], request: Request) -> GenerateResponse:
@@ -229,156 +246,10 @@ class OpenAIService:
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
             raise UpstreamError(f"{node.url} answered an unreadable generate response") from None
 
-    # -- non-streaming documents -----------------------------------------------------------
-
-    def _text(self, prompt: list[int], sampling: dict[str, Any], choice: Any) -> str:
-        stream = self.texts.stream(prompt, sampling)
-        _feed(stream, choice.token_ids or [], choice.finish_reason, choice.stop_reason)
-        return stream.text(finished=True, delta=False)
-
-    def _chat_document(
-        self, gen: GenerateRequest[Any], result: GenerateResponse, ask: _Ask
-    ) -> bytes:
-        choices = []
-        for c in result.choices:
-            choices.append(
-                {
-                    "index": c.index,
-                    "message": {
-                        "role": "assistant",
-                        "content": self._text(gen.token_ids, gen.sampling_params, c),
-                    },
-                    "logprobs": self._chat_logprobs(c.logprobs, ask),
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                    "token_ids": c.token_ids if ask.return_token_ids else None,
-                }
-            )
-        fields = {
-            "id": gen.request_id,
-            "created": int(time.time()),
-            "model": self._model(ask),
-            "choices": choices,
-            "usage": _usage(len(gen.token_ids), [result]),
-            "prompt_token_ids": gen.token_ids if ask.return_token_ids else None,
-        }
-        return self.texts.shape("chat", fields)
-
-    def _completion_document(
-        self,
-        rid: str,
-        gens: list[GenerateRequest[Any]],
-        results: list[GenerateResponse],
-        ask: _Ask,
-    ) -> bytes:
-        choices = []
-        n = int(ask.body.get("n") or 1)
-        for p, (gen, result) in enumerate(zip(gens, results, strict=True)):
-            for c in result.choices:
-                choices.append(
-                    {
-                        "index": p * n + c.index,
-                        "text": self._text(gen.token_ids, gen.sampling_params, c),
-                        "logprobs": self._completion_logprobs(c.logprobs, ask),
-                        "finish_reason": c.finish_reason,
-                        "stop_reason": c.stop_reason,
-                        "token_ids": c.token_ids if ask.return_token_ids else None,
-                        "prompt_token_ids": gen.token_ids if ask.return_token_ids else None,
-                    }
-                )
-        prompt_tokens = sum(len(g.token_ids) for g in gens)
-        fields = {
-            "id": rid,
-            "created": int(time.time()),
-            "model": self._model(ask),
-            "choices": choices,
-            "usage": _usage(prompt_tokens, results),
-        }
-        return self.texts.shape("completion", fields)
-
-    def _model(self, ask: _Ask) -> str:
-        asked = ask.body.get("model")
+    def _model(self, doc: dict[str, Any]) -> str:
+        asked = doc.get("model")
         names = self.settings.names()
         return asked if isinstance(asked, str) and asked in names else names[0]
-
-    @staticmethod
-    def _answer(document: bytes) -> Response:
-        return Response(document, media_type="application/json")
-
-    # -- logprobs --------------------------------------------------------------------------
-
-    def _positions(
-        self, logprobs: ChoiceLogprobs, ask: _Ask, context: list[int]
-    ) -> list[tuple[str, list[str]]]:
-        """Per position: the sampled token's text and its top tokens' texts. ``context``: the
-        tokens sampled before this part of the answer (extended here)."""
-        out = []
-        for e in logprobs.content or ():
-            ids = [e.token_id, *(t.token_id for t in e.top_logprobs)]
-            if ask.as_token_ids:
-                texts = [f"token_id:{i}" for i in ids]
-            else:
-                texts = self.texts.logprob_tokens(ids, context)
-            context.append(e.token_id)
-            out.append((texts[0], texts[1:]))
-        return out
-
-    def _chat_logprobs(
-        self, logprobs: ChoiceLogprobs | None, ask: _Ask, context: list[int] | None = None
-    ) -> Any:
-        if logprobs is None or ask.top is None:
-            return None
-        positions = self._positions(logprobs, ask, [] if context is None else context)
-
-        def entry(token: str, logprob: float) -> dict[str, Any]:
-            return {
-                "token": token,
-                "logprob": logprob,
-                "bytes": list(token.encode("utf-8", errors="replace")),
-            }
-
-        top = ask.top
-        return {
-            "content": [
-                {
-                    **entry(token, e.logprob),
-                    "top_logprobs": [
-                        entry(text, t.logprob)
-                        for i, (text, t) in enumerate(zip(tops, e.top_logprobs, strict=True))
-                        if top == -1 or i < top
-                    ],
-                }
-                for (token, tops), e in zip(positions, logprobs.content or (), strict=True)
-            ]
-        }
-
-    def _completion_logprobs(
-        self, logprobs: ChoiceLogprobs | None, ask: _Ask, context: list[int] | None = None
-    ) -> Any:
-        if logprobs is None or ask.top is None:
-            return None
-        positions = self._positions(logprobs, ask, [] if context is None else context)
-        out: dict[str, list[Any]] = {
-            "text_offset": [],
-            "token_logprobs": [],
-            "tokens": [],
-            "top_logprobs": [],
-        }
-        offset = 0
-        for (token, tops), e in zip(positions, logprobs.content or (), strict=True):
-            out["text_offset"].append(offset)
-            offset += len(token)
-            out["tokens"].append(token)
-            out["token_logprobs"].append(e.logprob)
-            # OpenAI's completions: the top ``logprobs`` plus the sampled token.
-            out["top_logprobs"].append(
-                {
-                    text: t.logprob
-                    for i, (text, t) in enumerate(zip(tops, e.top_logprobs, strict=True))
-                    if ask.top == -1 or i <= ask.top
-                }
-            )
-        return out
 
     # -- streaming -------------------------------------------------------------------------
 
@@ -386,122 +257,62 @@ class OpenAIService:
         self,
         request: Request,
         gens: list[GenerateRequest[Any]],
-        ask: _Ask,
-        rid: str | None = None,
-    ) -> Response:
-        # The first upstream is opened before answering, so its refusal is a proper HTTP
-        # answer; later prompts of a multi-prompt completion stream one after the other.
-        first = await self._open_generate(gens[0], request)
-        events = self._stream_events(request, gens, first, ask, rid or gens[0].request_id)
-        return StreamingResponse(events, media_type="text/event-stream")
-
-    async def _stream_events(
-        self,
-        request: Request,
-        gens: list[GenerateRequest[Any]],
-        first: tuple[Node, httpx.Response],
-        ask: _Ask,
+        plan: Plan,
         rid: str,
-    ) -> AsyncIterator[bytes]:
-        kind = "chat_chunk" if ask.chat else "completion_chunk"
-        obj = "chat.completion.chunk" if ask.chat else "text_completion"
-        created = int(time.time())
-        model = self._model(ask)
-        n = int(ask.body.get("n") or 1)
-        prompt_tokens = 0
-        generated = 0
-        opened: tuple[Node, httpx.Response] | None = first
-        for p, gen in enumerate(gens):
-            node, response = opened or await self._open_generate(gen, request)
-            opened = None
-            prompt_tokens += len(gen.token_ids)
-            streams: dict[int, TextStream] = {}
-            counts: dict[int, int] = {}
-            sampled: dict[int, list[int]] = {}  # per choice: the logprob context so far
-            try:
-                if ask.chat:
-                    for i in range(n):
-                        fields: dict[str, Any] = {
-                            "id": rid,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": model,
-                            "choices": [
-                                {"index": i, "delta": {"role": "assistant", "content": ""}}
-                            ],
-                        }
-                        if ask.return_token_ids:
-                            fields["prompt_token_ids"] = gen.token_ids
-                        if ask.continuous_usage:
-                            fields["usage"] = _usage_fields(len(gen.token_ids), 0)
-                        yield _sse(self.texts.shape(kind, fields, chunk=True))
-                async for event in _events(response):
-                    for c in event.get("choices") or ():
-                        i = int(c["index"])
-                        ids = list(c.get("token_ids") or [])
-                        finish = c.get("finish_reason")
-                        stream = streams.get(i)
-                        if stream is None:
-                            stream = streams[i] = self.texts.stream(
-                                gen.token_ids, gen.sampling_params
-                            )
-                        _feed(stream, ids, finish, c.get("stop_reason"))
-                        counts[i] = counts.get(i, 0) + len(ids)
-                        generated += len(ids)
-                        delta = stream.text(finished=finish is not None, delta=True)
-                        lp = None
-                        if c.get("logprobs") is not None:
-                            parsed = msgspec.convert(c["logprobs"], ChoiceLogprobs)
-                            context = sampled.setdefault(i, [])
-                            lp = (
-                                self._chat_logprobs(parsed, ask, context)
-                                if ask.chat
-                                else self._completion_logprobs(parsed, ask, context)
-                            )
-                        choice: dict[str, Any] = {"index": p * n + i, "logprobs": lp}
-                        if ask.chat:
-                            choice["delta"] = {"content": delta}
-                        else:
-                            choice["text"] = delta
-                            if ask.return_token_ids and counts[i] == len(ids):
-                                choice["prompt_token_ids"] = gen.token_ids
-                        if finish is not None:
-                            choice["finish_reason"] = finish
-                            choice["stop_reason"] = c.get("stop_reason")
-                        if ask.return_token_ids:
-                            choice["token_ids"] = ids
-                        chunk: dict[str, Any] = {
-                            "id": rid,
-                            "object": obj,
-                            "created": created,
-                            "model": model,
-                            "choices": [choice],
-                        }
-                        if ask.continuous_usage:
-                            chunk["usage"] = _usage_fields(len(gen.token_ids), counts[i])
-                        yield _sse(self.texts.shape(kind, chunk, chunk=True))
-            finally:
+        model: str,
+    ) -> Response:
+        # Every prompt's upstream is opened before answering, so a refusal is a proper HTTP
+        # answer; then the prompts stream at once, their events merged as they come (as
+        # vLLM's completions merge theirs).
+        opened = await self._open_all(gens, request)
+        prompts = [
+            self._prompt_events(p, node, response) for p, (node, response) in enumerate(opened)
+        ]
+
+        async def events() -> AsyncIterator[bytes]:
+            async for chunk in plan.chunks(rid, model, gens, merged(prompts)):
+                yield chunk
+            yield DONE
+
+        async def release() -> None:
+            for node, response in opened:
                 await self.forwarder.close(node, response)
-        if ask.include_usage:
-            usage = {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": _usage_fields(prompt_tokens, generated),
-            }
-            yield _sse(self.texts.shape(kind, usage, chunk=True))
-        yield b"data: [DONE]\n\n"
 
+        tail = sse_with_error_tail(events(), request_id_of(request))
+        return Relay(tail, release, media_type="text/event-stream")
 
-def _feed(stream: TextStream, ids: Sequence[int], finish: Any, stop_reason: Any) -> None:
-    # One token per engine step, as vLLM's output processor feeds its detokenizer; the last
-    # token is a stop token (left out of the text) when the engine itself stopped on it.
-    stop_token = finish == "stop" and not isinstance(stop_reason, str)
-    last = len(ids) - 1
-    for k, token_id in enumerate(ids):
-        stream.feed([token_id], stop_token and k == last)
+    async def _open_all(
+        self, gens: list[GenerateRequest[Any]], request: Request
+    ) -> list[tuple[Node, httpx.Response]]:
+        tasks = [asyncio.ensure_future(self._open_generate(g, request)) for g in gens]
+        handed = False
+        try:
+            await asyncio.wait(tasks)
+            opened = [t.result() for t in tasks]  # the first refusal, if any, is raised
+            handed = True
+            return opened
+        finally:
+            if not handed:  # a refusal, or the caller left: give back what did open
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for t in tasks:
+                    if not t.cancelled() and t.exception() is None:
+                        await self.forwarder.close(*t.result())
+
+    async def _prompt_events(
+        self, p: int, node: Node, response: httpx.Response
+    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """One prompt's generate events, each with the prompt's index."""
+        try:
+            async for event in _events(response):
+                yield p, event
+        except httpx.HTTPError as exc:
+            raise self.forwarder.failure(exc, node) from None
+        except (ValueError, KeyError, TypeError):
+            raise UpstreamError(f"{node.url} sent an unreadable stream event") from None
+        finally:
+            await self.forwarder.close(node, response)
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
@@ -512,26 +323,19 @@ async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         if payload == "[DONE]":
             return
         event = json.loads(payload)
-        if isinstance(event, dict) and "error" in event:
+        if not isinstance(event, dict):
+            raise ValueError("a stream event is not an object")
+        if "error" in event:
             raise UpstreamError(f"generate failed mid-stream: {str(event['error'])[:200]}")
         yield event
 
 
-def _usage_fields(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _usage(prompt_tokens: int, results: Sequence[GenerateResponse]) -> dict[str, int]:
-    generated = sum(len(c.token_ids or []) for r in results for c in r.choices)
-    return _usage_fields(prompt_tokens, generated)
-
-
-def _sse(payload: bytes) -> bytes:
-    return b"data: " + payload + b"\n\n"
+def _decoded(decode: Any, raw: bytes) -> Any:
+    """Render's answer read; one that does not read is render's fault (502), not the caller's."""
+    try:
+        return decode(raw, WireFormat.MSGPACK)
+    except (WireError, msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
+        raise UpstreamError("render answered an unreadable rendered request") from None
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -539,6 +343,8 @@ def _json_object(body: bytes) -> dict[str, Any]:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("the body is not valid JSON") from None
+    except RecursionError:
+        raise BadRequest("the body nests too deeply") from None
     if not isinstance(parsed, dict):
         raise BadRequest("the body must be a JSON object")
     return parsed
@@ -547,11 +353,6 @@ def _json_object(body: bytes) -> dict[str, Any]:
 def _passed(response: httpx.Response, raw: bytes) -> Response:
     """An upstream refusal for the caller: status, headers and document unchanged, but in JSON
     (the OpenAI routes' callers speak JSON; the door asked the tiers for msgpack)."""
-    kept = [
-        (k, v)
-        for k, v in downstream_headers(response)
-        if k not in (b"content-length", b"content-encoding", b"content-type")
-    ]
     ctype = response.headers.get("content-type", "")
     if "msgpack" in ctype:
         try:
@@ -559,10 +360,5 @@ def _passed(response: httpx.Response, raw: bytes) -> Response:
             ctype = "application/json"
         except (msgspec.DecodeError, TypeError, ValueError):
             raise UpstreamError("an upstream answered an unreadable error") from None
-    passed = Response(raw, status_code=response.status_code)
-    passed.raw_headers = [
-        *kept,
-        (b"content-type", (ctype or "application/json").encode("latin-1")),
-        (b"content-length", str(len(raw)).encode("ascii")),
-    ]
-    return passed
+    passed = Response(raw, response.status_code, media_type=ctype or "application/json")
+    return with_upstream_headers(passed, response)

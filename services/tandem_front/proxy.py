@@ -1,23 +1,56 @@
 """Pass-through: a request goes to the first reachable node of an order, its answer streams
-back unchanged (status, headers, bytes: typed errors, 409 and 429 with Retry-After alike)."""
+back unchanged (status, headers, bytes: typed errors, 409 and 429 with Retry-After alike).
+
+How the door fails as a proxy (each a typed error, never a 500): no node reachable -> 503
+``upstream_unavailable``; a node that took the request but does not answer in time -> 504
+``upstream_timeout``; a connection reset or protocol error -> 502 ``upstream_error``. After the
+first byte of an event stream, the failure is one error event then ``data: [DONE]`` (as vLLM
+ends a failed stream); other answers are cut off. Every upstream answer is closed, and its node's
+pending count given back, however the request ends, the caller hanging up included.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
+import anyio
 import httpx
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from tandem_http import DRAINING_HEADER
+from tandem_http import DRAINING_HEADER, error_body, request_id_of
+from tandem_wire import TandemHTTPError, WireFormat, error_types
 
-from .errors import UpstreamUnavailable
+from .errors import FrontError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from .metrics import FrontMetrics
 from .upstreams import Node, Upstreams
 
-__all__ = ["Forwarder", "OnceStream", "upstream_headers", "downstream_headers"]
+__all__ = [
+    "DONE",
+    "ClientGone",
+    "Forwarder",
+    "OnceStream",
+    "Relay",
+    "downstream_headers",
+    "error_event",
+    "merged",
+    "sse_with_error_tail",
+    "unless_gone",
+    "upstream_failure",
+    "upstream_headers",
+    "with_upstream_headers",
+]
+
+T = TypeVar("T")
+
+log = logging.getLogger("tandem")
+
+DONE = b"data: [DONE]\n\n"
 
 # Hop-by-hop headers (RFC 9110 section 7.6.1) and those the front door sets itself.
 _HOP_BY_HOP = frozenset(
@@ -56,18 +89,183 @@ def downstream_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
     ]
 
 
+_REWRITTEN = (b"content-length", b"content-encoding", b"content-type")
+
+
+def with_upstream_headers(answer: Response, upstream: httpx.Response) -> Response:
+    """``answer`` (a body the door re-sends: read whole, so decoded, maybe reshaped) with the
+    upstream's end-to-end headers (``Retry-After``, ``x-request-id``...); the body's own
+    length, coding and type stay the answer's."""
+    kept = [(k, v) for k, v in downstream_headers(upstream) if k not in _REWRITTEN]
+    answer.raw_headers = [*kept, *answer.raw_headers]
+    return answer
+
+
+def upstream_failure(exc: BaseException, node: Node) -> FrontError:
+    """The typed error for a transport failure talking to ``node`` (connect failures are
+    ``open``'s business: they may move the request to the next node)."""
+    name = type(exc).__name__
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return UpstreamUnavailable(f"{node.tier} node {node.url} could not be reached ({name})")
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(f"{node.tier} node {node.url} did not answer in time ({name})")
+    return UpstreamError(f"{node.tier} node {node.url}: the connection failed ({name})")
+
+
+def error_event(exc: BaseException, request_id: str) -> bytes:
+    """One SSE event carrying ``exc`` as a typed error (``internal_error`` if it is a bug)."""
+    if isinstance(exc, TandemHTTPError):
+        status, type_, message = exc.status_code, exc.type, exc.message
+    else:
+        status, type_ = 500, error_types.INTERNAL_ERROR
+        message = f"internal error (request id {request_id})"
+    body = error_body(
+        WireFormat.JSON, status_code=status, type=type_, message=message, request_id=request_id
+    )
+    return b"data: " + body + b"\n\n"
+
+
+async def sse_with_error_tail(
+    source: AsyncIterator[bytes], request_id: str
+) -> AsyncIterator[bytes]:
+    """``source``'s events; if it fails, one error event then ``[DONE]`` (vLLM's way to end a
+    stream whose status line is long gone), so a client never reads a cut-off stream as whole."""
+    try:
+        async for chunk in source:
+            yield chunk
+    except Exception as exc:
+        yield error_event(exc, request_id)
+        yield DONE
+    finally:
+        await _aclose(source)
+
+
+async def _aclose(iterator: Any) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
+
+
+class Relay(StreamingResponse):
+    """A streamed answer whose upstream answers are released however it ends: sent whole, cut
+    by an upstream failure, or left by its client (a BackgroundTask runs only in the first
+    case: an upstream dying mid-answer would hold its node's pending count up for good)."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        release: Callable[[], Awaitable[None]],
+        status_code: int = 200,
+        media_type: str | None = None,
+    ) -> None:
+        super().__init__(content, status_code, media_type=media_type)
+        self._release = release
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        except FrontError as exc:
+            # Past the status line, an upstream failure can only cut the answer short: its end
+            # is never sent, so the server drops the connection and the caller never takes
+            # a part for the whole (event streams end with an error event instead).
+            log.warning("answer cut short: %s", exc.message)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await _aclose(self.body_iterator)
+                finally:
+                    await self._release()
+
+
+class ClientGone(Exception):
+    """The caller hung up before its answer was ready; the work for it was cancelled."""
+
+
+async def _disconnected(request: Request, body: OnceStream | None) -> None:
+    if body is not None:
+        await body.finished.wait()
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(request: Request, work: Awaitable[T], body: OnceStream | None = None) -> T:
+    """``work``'s result, unless the caller hangs up first: then ``work`` is cancelled (which
+    closes its upstream connection, and a node aborts a request whose connection closed) and
+    ``ClientGone`` raised. Listens only once the body is read (all of it, or all of ``body``
+    when it is streamed on): until then ``receive`` is the body's."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request, body))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.wait({task, watcher})
+    if task.cancelled():
+        raise ClientGone("the caller hung up")
+    return task.result()
+
+
+async def merged(sources: Sequence[AsyncIterator[T]]) -> AsyncIterator[T]:
+    """The items of every source as each comes (a slow source does not hold up the others);
+    the first failure ends the merge. Sources are closed however the merge ends."""
+    if len(sources) == 1:
+        try:
+            async for item in sources[0]:
+                yield item
+        finally:
+            await _aclose(sources[0])
+        return
+    end = object()
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=len(sources))
+
+    async def pump(source: AsyncIterator[T]) -> None:
+        try:
+            async for item in source:
+                await queue.put(item)
+            await queue.put(end)
+        except Exception as exc:
+            await queue.put(exc)
+        finally:
+            await _aclose(source)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in sources]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is end:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class OnceStream:
-    """A request body stream that knows whether anyone started reading it: a connection that
-    failed before the first read may be retried on another node with the same stream."""
+    """A request body stream that knows whether anyone started reading it (a connection that
+    failed before the first read may be retried on another node with the same stream) and
+    when it was read to its end (from then on, the caller can be listened to)."""
 
     def __init__(self, source: AsyncIterator[bytes]) -> None:
         self._source = source
         self.started = False
+        self.finished = asyncio.Event()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         self.started = True
         async for chunk in self._source:
             yield chunk
+        self.finished.set()
 
 
 class Forwarder:
@@ -76,6 +274,8 @@ class Forwarder:
     def __init__(self, upstreams: Upstreams, metrics: FrontMetrics) -> None:
         self.upstreams = upstreams
         self.metrics = metrics
+        # Answers opened and not yet closed: each holds one pending count on its node.
+        self._held: set[httpx.Response] = set()
 
     async def open(
         self,
@@ -86,11 +286,12 @@ class Forwarder:
         content: bytes | OnceStream | None,
         params: str = "",
     ) -> tuple[Node, httpx.Response]:
-        """The first node that took the request, with its answer (body not read yet).
+        """The first node that took the request, with its answer (body not read yet; give it
+        back with ``close`` or ``read``).
 
         Only failures that prove the request was not run move it to the next one (connection
         refused or timed out, or a draining node's 503 for a body held in memory); anything
-        later is the node's answer.
+        later is the node's answer, or a typed error (``upstream_failure``).
         """
         tier = nodes[0].tier if nodes else "upstream"
         for i, node in enumerate(nodes):
@@ -111,6 +312,9 @@ class Forwarder:
                 raise UpstreamUnavailable(
                     f"no {tier} node could be reached (last: {node.url}: {type(exc).__name__})"
                 ) from None
+            except httpx.HTTPError as exc:
+                node.pending -= 1
+                raise self.failure(exc, node) from None
             except BaseException:
                 node.pending -= 1
                 raise
@@ -127,6 +331,7 @@ class Forwarder:
                 self.metrics.upstream_errors.labels(tier, node.url, "draining").inc()
                 self.metrics.upstream_retries.labels(tier).inc()
                 continue
+            self._held.add(response)
             self.metrics.upstream_latency.labels(tier, node.url).observe(
                 time.perf_counter() - start
             )
@@ -135,9 +340,28 @@ class Forwarder:
             return node, response
         raise UpstreamUnavailable(f"no {tier} node is configured")
 
+    def failure(self, exc: BaseException, node: Node) -> FrontError:
+        """``upstream_failure``, counted in the metrics."""
+        error = upstream_failure(exc, node)
+        self.metrics.upstream_errors.labels(node.tier, node.url, error.type).inc()
+        return error
+
     async def close(self, node: Node, response: httpx.Response) -> None:
-        node.pending -= 1
+        """Give back an answer ``open`` returned (once; later calls do nothing). Closing an
+        answer not read to its end drops its connection, which cancels the upstream request."""
+        if response in self._held:
+            self._held.discard(response)
+            node.pending -= 1
         await response.aclose()
+
+    async def read(self, node: Node, response: httpx.Response) -> bytes:
+        """The whole answer (decoded from its content coding), given back however it ends."""
+        try:
+            return await response.aread()
+        except httpx.HTTPError as exc:
+            raise self.failure(exc, node) from None
+        finally:
+            await self.close(node, response)
 
     async def forward(
         self,
@@ -145,18 +369,48 @@ class Forwarder:
         request: Request,
         path: str,
         content: bytes | OnceStream | None,
-    ) -> StreamingResponse:
+    ) -> Response:
         """Pass ``request`` through; the answer streams back as it comes. A caller hanging up
-        closes the upstream connection, which cancels the upstream request."""
+        closes the upstream connection, which cancels the upstream request: while the answer
+        streams, and before it starts (a non-streamed generate answer comes whole at its end)."""
         length = len(content) if isinstance(content, bytes) else None
         headers = upstream_headers(request, length)
-        node, response = await self.open(
-            nodes, request.method, path, headers, content, request.url.query
+        node, response = await unless_gone(
+            request,
+            self.open(nodes, request.method, path, headers, content, request.url.query),
+            content if isinstance(content, OnceStream) else None,
         )
-        answer = StreamingResponse(
-            response.aiter_raw(),
-            status_code=response.status_code,
-            background=BackgroundTask(self.close, node, response),
-        )
+        raw = self._relay(node, response)
+        sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        if sse and "content-encoding" not in response.headers:
+            raw = sse_with_error_tail(_whole_events(raw), request_id_of(request))
+        answer = Relay(raw, lambda: self.close(node, response), response.status_code)
         answer.raw_headers = downstream_headers(response)
         return answer
+
+    async def _relay(self, node: Node, response: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise self.failure(exc, node) from None
+        finally:
+            await self.close(node, response)
+
+
+async def _whole_events(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """An event stream re-cut at event boundaries: an error event after a failure then never
+    lands in the middle of a half-sent event."""
+    held = b""
+    try:
+        async for chunk in source:
+            seen = len(held)
+            held += chunk
+            cut = held.rfind(b"\n\n", max(0, seen - 1)) + 2  # only the new bytes are scanned
+            if cut >= 2:
+                yield held[:cut]
+                held = held[cut:]
+        if held:
+            yield held
+    finally:
+        await _aclose(source)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from tandem_client.discovery import parse_node_spec
 from tandem_http import settings_from_json, settings_to_json
+from tandem_http.draining import KEEP_ALIVE_S
 
 __all__ = ["FrontSettings", "LogprobsFormat", "SETTINGS_ENV"]
 
@@ -21,10 +23,14 @@ class FrontSettings:
     """Everything the front door is configured with."""
 
     render_urls: tuple[str, ...]
-    """Base URLs of the render nodes (requests spread by pending count)."""
+    """Base URLs of the render nodes (requests spread by pending count); an entry
+    ``dns+http://NAME:PORT`` stands for every address NAME resolves to (see
+    ``tandem_client.discovery``)."""
 
     generate_urls: tuple[str, ...]
-    """Base URLs of the generate nodes (requests routed by first item hash)."""
+    """Base URLs of the generate nodes (requests routed by first item hash); ``dns+http://``
+    entries as for ``render_urls``. A generate node found after the first is pending (no
+    inference work) until it reports the fleet's weight version."""
 
     model: str
     """Model folder or hub name: its tokenizer detokenizes the OpenAI routes' answers."""
@@ -37,18 +43,59 @@ class FrontSettings:
 
     trust_remote_code: bool = False
 
+    chat_template: str | None = None
+    """A chat template file or string overriding the model's: give the door what render has
+    (vLLM's derender reads the template's keyword arguments for the parsers)."""
+
+    tool_call_parser: str | None = None
+    """vLLM's tool-call parser (e.g. ``hermes``): the OpenAI routes answer ``tool_calls``
+    parsed from the generated text; None: tool calls stay text. Give the door what render has."""
+
+    enable_auto_tool_choice: bool = False
+    """Parse tool calls for ``tool_choice: auto`` (needs ``tool_call_parser``); as render's."""
+
+    exclude_tools_when_tool_choice_none: bool = False
+    """vLLM's option of the same name; as render's."""
+
+    tool_strict_level: str = "auto"
+    """vLLM's structural-tag tool calling floor (``auto``, ``function``, ``parameter``); as
+    render's."""
+
+    reasoning_parser: str | None = None
+    """vLLM's reasoning parser (e.g. ``deepseek_r1``): answers carry ``reasoning_content``;
+    None: no reasoning split. Give the door what render has."""
+
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    """Chat template keyword arguments every request starts from (as render's); None: none."""
+
+    cohere_format: str | None = "cmd4"
+    """vLLM's Cohere prompt format added to the default chat template kwargs; as render's."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = field(default_factory=lambda: min(os.cpu_count() or 1, 4))
 
     api_key: str | None = None
-    """When set, every route but /health needs ``Authorization: Bearer <key>``."""
+    """The inference key: when set, every route but /health needs ``Authorization: Bearer
+    <key>`` with it or with an admin key."""
+
+    admin_api_key: tuple[str, ...] = ()
+    """Admin keys: the only keys that may call the state-changing control routes (their
+    holders' calls are fanned out; an inference key gets 403 ``admin_required`` and nothing
+    reaches a node). They also pass wherever the inference key does. Empty: no admin key (see
+    ``enable_control_routes``); with admin keys only, inference routes stay open."""
 
     upstream_api_key: str | None = None
-    """The key the front door presents to the render and generate nodes."""
+    """The key the front door presents to the render and generate nodes (None: none)."""
+
+    upstream_admin_api_key: str | None = None
+    """The key the front door presents to the generate nodes on state-changing control routes
+    (one of their ``--admin-api-key``); None: ``upstream_api_key`` there too."""
 
     enable_control_routes: bool = False
-    """Serve state-changing control routes without an API key (with a key they are served)."""
+    """With no ``admin_api_key``, serve the state-changing control routes to every caller the
+    key check lets in (the inference key's holders, or anyone when there is no key); off,
+    they answer 403. Changes nothing when admin keys are set."""
 
     logprobs_format: LogprobsFormat = "auto"
     """Shape of ``/inference/v1/generate`` logprob entries: ``vllm-0.32``, integer
@@ -61,7 +108,33 @@ class FrontSettings:
     log_level: str = "info"
 
     max_body_bytes: int = 256 * 1024 * 1024
-    """Largest request body forwarded (generate bodies carry tensors)."""
+    """Largest ``/inference/v1/generate`` body taken: the operator's cap when
+    ``follow_generate_body_cap`` is off; else the cap until a generate node has told its own
+    (the largest any node told, on its ``/health`` answers, wins)."""
+
+    follow_generate_body_cap: bool = True
+    """Take as generate bodies' cap the largest cap the generate nodes tell (their model's,
+    see ``x-tandem-max-body-bytes``) instead of ``max_body_bytes``. Off when
+    ``--max-body-bytes`` is given."""
+
+    render_max_body_bytes: int = 64 * 1024 * 1024
+    """Largest body of the routes that go to render (render pass-through, OpenAI chat and
+    completions): render's own default cap; set it to what the render nodes run with."""
+
+    max_pending: int = 1024
+    """Requests one worker process holds (reading, waiting on a node, streaming back) before
+    answering 429 with Retry-After."""
+
+    max_held_bytes: int | None = None
+    """Bytes of request bodies (and their decoded copies) one worker process may hold; past
+    it a request is answered 429 with Retry-After before its body is read (413 if it alone
+    declares more). None: a quarter of the memory limit (cgroup, else RAM) shared among the
+    workers; 0: no byte budget."""
+
+    upstream_keepalive_s: float = 30.0
+    """How long an idle connection to a node is kept for reuse, in seconds. Must be shorter
+    than the nodes keep theirs (``tandem_http.draining.KEEP_ALIVE_S``, 75 s), so that a
+    request never goes out on a connection the node is closing."""
 
     connect_timeout_s: float = 5.0
     """Connection timeout per upstream attempt; a refused or timed-out connect is retried on
@@ -77,6 +150,35 @@ class FrontSettings:
 
     node_cooldown_s: float = 5.0
     """How long a node that refused a connection comes last in routing."""
+
+    fence_poll_s: float = 2.0
+    """Seconds between asking every generate node its ``/weight_info``: a node that does not
+    hold the fleet's weight version is fenced (gets no requests) until it does (see
+    ``tandem_client.fleet``). Each worker process asks on its own; the worker that ran an
+    update's finish asks at once."""
+
+    discovery_interval_s: float = 10.0
+    """Seconds between lookups of the ``dns+http://`` names of ``render_urls`` and
+    ``generate_urls`` (and checks of pending nodes' weight versions)."""
+
+    discovery_hosts_file: str | None = None
+    """A hosts-format file (``ADDRESS NAME...`` lines) that resolves the ``dns+http://`` names
+    instead of DNS, read at each lookup (tests; hosts without DNS). None: the system resolver."""
+
+    def __post_init__(self) -> None:
+        for spec in (*self.render_urls, *self.generate_urls):
+            parse_node_spec(spec)  # a ValueError names the bad entry
+        if self.discovery_interval_s <= 0:
+            raise ValueError(
+                f"discovery_interval_s must be above 0, not {self.discovery_interval_s}"
+            )
+        if self.fence_poll_s <= 0:
+            raise ValueError(f"fence_poll_s must be above 0, not {self.fence_poll_s}")
+        if not 0 < self.upstream_keepalive_s < KEEP_ALIVE_S:
+            raise ValueError(
+                f"upstream_keepalive_s must be above 0 and below the nodes' {KEEP_ALIVE_S} s "
+                f"keep-alive, not {self.upstream_keepalive_s}"
+            )
 
     def names(self) -> tuple[str, ...]:
         return self.served_model_name or (self.model,)

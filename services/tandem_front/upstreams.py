@@ -1,16 +1,22 @@
-"""The nodes behind the door: one HTTP client, which node serves a request, node health."""
+"""The nodes behind the door: one HTTP client, which node serves a request, node health and
+weight versions (the rules are ``tandem_client.fleet``'s)."""
 
 from __future__ import annotations
 
 import asyncio
-import random
+import contextlib
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
-from tandem_client.routing import rendezvous_order
+from tandem_client import fleet
+from tandem_client.discovery import DNS_PREFIX
+from tandem_client.fleet import NodeAnswer
+from tandem_http import MAX_BODY_HEADER
 
 from .settings import FrontSettings
 
@@ -18,18 +24,18 @@ __all__ = ["Node", "Upstreams"]
 
 
 @dataclass
-class Node:
+class Node(fleet.Node):
     """One upstream node as this worker sees it."""
 
-    tier: str
-    url: str
-    pending: int = 0
-    """Requests this worker has in flight on the node (render spreads by it)."""
-    down_until: float = 0.0
-    """Until then the node comes last: it refused a connection."""
+    tier: str = "generate"
     healthy_at: float = -1e9
     """When the node last answered /health with 200."""
     checked_at: float = -1e9
+    max_body_bytes: int | None = None
+    """The largest body the node last said it takes (``x-tandem-max-body-bytes``)."""
+    admitted: bool = True
+    """Whether it may get inference work: a generate node found by discovery after the first
+    is not until it reports the fleet's weight version (see ``tandem_client.discovery``)."""
 
 
 class Upstreams:
@@ -40,8 +46,12 @@ class Upstreams:
         self, settings: FrontSettings, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self.settings = settings
-        self.render = [Node("render", u.rstrip("/")) for u in settings.render_urls]
-        self.generate = [Node("generate", u.rstrip("/")) for u in settings.generate_urls]
+        # Names to resolve (dns+http://) join at the first discovery (see ``discovery``).
+        self.render = [Node(u, tier="render") for u in _fixed(settings.render_urls)]
+        self.generate = [Node(u, tier="generate") for u in _fixed(settings.generate_urls)]
+        discovered = len(self.render) + len(self.generate) < len(settings.render_urls) + len(
+            settings.generate_urls
+        )
         # Answers uncompressed unless a caller asks otherwise (its header passes through): the
         # hops inside the fleet are fast, and httpx would otherwise offer every coding it has.
         headers = {"accept-encoding": "identity"}
@@ -51,33 +61,114 @@ class Upstreams:
             headers=headers,
             timeout=httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s),
             limits=httpx.Limits(
-                max_connections=settings.max_connections_per_upstream
+                # With discovered nodes their number is not known: the admission gate
+                # (max_pending) bounds the requests in flight instead.
+                max_connections=None
+                if discovered
+                else settings.max_connections_per_upstream
                 * (len(self.render) + len(self.generate)),
                 max_keepalive_connections=settings.max_connections_per_upstream,
+                # Shorter than the nodes keep theirs (checked by FrontSettings): the door
+                # drops an idle connection before the node does, never the other way round.
+                keepalive_expiry=settings.upstream_keepalive_s,
             ),
             transport=transport,
+            event_hooks={"response": [self._learn]},
         )
+        self._by_origin = {_origin(n.url): n for n in (*self.render, *self.generate)}
+        self._watch: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Ask the generate nodes their weight versions now and every ``fence_poll_s``."""
+        self._watch = asyncio.create_task(self._watch_versions())
 
     async def aclose(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
         await self.http.aclose()
+
+    def set_nodes(self, tier: str, urls: Sequence[str]) -> list[Node]:
+        """The node set of ``tier`` is now ``urls``: nodes that stay keep their state (load,
+        cool-down, body cap); the new ones are returned."""
+        old = {n.url: n for n in (self.render if tier == "render" else self.generate)}
+        nodes = [old.get(u) or Node(u, tier=tier) for u in urls]
+        if tier == "render":
+            self.render = nodes
+        else:
+            self.generate = nodes
+        self._by_origin = {_origin(n.url): n for n in (*self.render, *self.generate)}
+        return [n for n in nodes if n.url not in old]
+
+    async def _watch_versions(self) -> None:
+        while True:
+            await self.refresh_versions()
+            await asyncio.sleep(self.settings.fence_poll_s)
 
     def render_order(self) -> list[Node]:
         """Render nodes, least pending first (ties broken at random), unreachable ones last."""
-        now = time.monotonic()
-        nodes = list(self.render)
-        random.shuffle(nodes)
-        return sorted(nodes, key=lambda n: (n.down_until > now, n.pending))
+        return fleet.least_pending(self.render, time.monotonic())
 
     def generate_order(self, key: str) -> list[Node]:
-        """Generate nodes in ``key``'s rendezvous order (the order tandem_client uses), nodes
-        that refused a connection recently last. A node going away moves only its keys."""
-        now = time.monotonic()
-        by_url = {n.url: n for n in self.generate}
-        order = [by_url[u] for u in rendezvous_order(key, list(by_url))]
-        return sorted(order, key=lambda n: n.down_until > now)
+        """Admitted, unfenced generate nodes in ``key``'s rendezvous order (as tandem_client's),
+        those that refused a connection recently last (a node holding the fleet's version is
+        never fenced). A node joining or going away moves only its keys."""
+        admitted = [n for n in self.generate if n.admitted]
+        return fleet.rendezvous_nodes(key, admitted, time.monotonic())
+
+    async def ask(
+        self, node: fleet.Node, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> NodeAnswer:
+        """One control call to one node (``path`` with its query); status 0: unreachable."""
+        try:
+            r = await self.http.request(
+                method, f"{node.url}{path}", headers=headers, content=body or None
+            )
+        except httpx.HTTPError as exc:
+            if isinstance(node, Node):
+                self.failed(node)
+            return NodeAnswer(node.url, 0, f"{type(exc).__name__}: {exc}")
+        try:
+            parsed: Any = r.json()
+        except (ValueError, json.JSONDecodeError):
+            parsed = r.text[:200]
+        return NodeAnswer(node.url, r.status_code, parsed)
+
+    async def refresh_versions(self) -> list[NodeAnswer]:
+        """Every generate node's /weight_info, learnt (a node that does not answer keeps what
+        it last told)."""
+
+        async def ask(node: fleet.Node, method: str, path: str, body: bytes) -> NodeAnswer:
+            return await self.ask(node, method, path, body, {})
+
+        nodes = self.generate
+        answers = await fleet.fan_out(ask, nodes, "GET", fleet.WEIGHT_INFO_PATH, [b""] * len(nodes))
+        for node, answer in zip(nodes, answers, strict=True):
+            if answer.ok:
+                node.learn(answer.body)
+        return answers
+
+    async def _learn(self, response: httpx.Response) -> None:
+        """Any answer from a node may tell its body cap (generate's /health does)."""
+        told = response.headers.get(MAX_BODY_HEADER, "")
+        node = self._by_origin.get(_origin(str(response.request.url)))
+        if node is not None and told.isdigit():
+            node.max_body_bytes = int(told)
+
+    async def generate_body_cap(self, declared: int) -> int:
+        """The largest generate body taken: the largest cap a generate node told (asking
+        their /health first when none has yet and ``declared`` is over the default), or
+        ``max_body_bytes`` when the operator set it or no node tells."""
+        s = self.settings
+        if not s.follow_generate_body_cap:
+            return s.max_body_bytes
+        if declared > s.max_body_bytes and not any(n.max_body_bytes for n in self.generate):
+            await self.healthy(self.generate)
+        return max((n.max_body_bytes or 0 for n in self.generate), default=0) or s.max_body_bytes
 
     def failed(self, node: Node) -> None:
-        node.down_until = time.monotonic() + self.settings.node_cooldown_s
+        node.cool_down(time.monotonic(), self.settings.node_cooldown_s)
 
     async def healthy(self, nodes: Sequence[Node]) -> list[Node]:
         """The nodes answering /health with 200 (answers reused for ``health_interval_s``)."""
@@ -98,3 +189,12 @@ class Upstreams:
 
         await asyncio.gather(*(check(n) for n in nodes))
         return [n for n in nodes if n.healthy_at == n.checked_at]
+
+
+def _fixed(specs: Sequence[str]) -> list[str]:
+    return [u.rstrip("/") for u in specs if not u.startswith(DNS_PREFIX)]
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    u = httpx.URL(url)
+    return u.scheme, u.host, u.port

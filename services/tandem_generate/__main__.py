@@ -12,11 +12,11 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.envs import enable_envs_cache
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from tandem_http import Drain, DrainingConfig, DrainingServer
+from tandem_http import ADMIN_KEY_ENV, Drain, DrainingConfig, DrainingServer, keys_from_env
 
 from .app import create_app
 from .engine import Engine
-from .settings import GenerateSettings
+from .settings import ENGINE_MM_PROCESSOR_CACHE_GB, ONEDNN_KERNEL_CACHE, GenerateSettings
 
 ENGINE_DIED_EXIT_CODE = os.EX_SOFTWARE
 """The process's exit status when it stopped because the vLLM engine died."""
@@ -38,15 +38,26 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "--api-key",
         nargs="+",
         default=None,  # the environment is read after parsing, so --help never shows the key
-        help="require `Authorization: Bearer KEY` with one of these keys on every route but "
-        "/health (held items are kept per key); $TANDEM_API_KEY sets the default",
+        help="inference keys: require `Authorization: Bearer KEY` with one of these keys (or "
+        "an admin key) on every route but /health (held items are kept per key); "
+        "$TANDEM_API_KEY sets the default",
+    )
+    ours.add_argument(
+        "--admin-api-key",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="admin keys (several: repeat the flag or list them): the only keys that may call "
+        "the state-changing control routes (/pause, /resume, /abort_requests, weight updates, "
+        "/reset_prefix_cache; an inference key gets 403 admin_required); they also pass "
+        f"wherever an inference key does; ${ADMIN_KEY_ENV} (comma-separated) sets the default",
     )
     ours.add_argument(
         "--enable-control-routes",
         action="store_true",
-        help="serve the state-changing control routes (/pause, /resume, /abort_requests, "
-        "weight updates, /reset_prefix_cache) without an API key; with --api-key they are "
-        "always served, behind the key",
+        help="without --admin-api-key, serve the state-changing control routes to every "
+        "caller the key check lets in (any --api-key, or anyone with no key: for a trusted "
+        "network only); without it they answer 403. No effect with admin keys",
     )
     ours.add_argument(
         "--weight-transfer-dir",
@@ -75,6 +86,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         help="requests admitted (decoding, queued or running) before answering 429",
     )
     ours.add_argument(
+        "--max-held-bytes",
+        type=int,
+        default=None,
+        help="bytes of request bodies (by Content-Length) and decoded items the admitted "
+        "requests may hold before answering 429 (default: a quarter of the memory limit, "
+        "cgroup or RAM; 0: no byte budget)",
+    )
+    ours.add_argument(
         "--allow-request-priority",
         action="store_true",
         help="honour the priority field of requests (otherwise every request runs at 0)",
@@ -92,7 +111,20 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         default=GenerateSettings.pretouch_item_cache,
         help="keep freed memory and fault in the item cache budget at start-up",
     )
+    ours.add_argument(
+        "--disable-structured-outputs",
+        action="store_true",
+        help="refuse sampling_params.structured_outputs (JSON schema, regex, choice, grammar) "
+        "with a 400; the backend that compiles them is vLLM's --structured-outputs-config",
+    )
+    ours.add_argument(
+        "--max-structured-output-bytes",
+        type=int,
+        default=GenerateSettings.max_structured_output_bytes,
+        help="largest sampling_params.structured_outputs accepted, in bytes of its JSON",
+    )
     parser = AsyncEngineArgs.add_cli_args(parser)
+    parser.set_defaults(mm_processor_cache_gb=ENGINE_MM_PROCESSOR_CACHE_GB)
     args = parser.parse_args(None if argv is None else list(argv))
     engine_args = AsyncEngineArgs.from_cli_args(args)
     names = tuple(engine_args.served_model_name or [engine_args.model])
@@ -103,22 +135,34 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         host=args.host,
         port=args.port,
         api_key=tuple(args.api_key) if args.api_key else os.environ.get("TANDEM_API_KEY"),
-        # vLLM's own --log-level (engine args) sets ours too.
+        admin_api_key=tuple(args.admin_api_key or keys_from_env(os.environ.get(ADMIN_KEY_ENV))),
         enable_control_routes=args.enable_control_routes,
         weight_transfer_dir=args.weight_transfer_dir,
+        # vLLM's own --log-level (engine args) sets ours too.
         log_level=str(getattr(args, "log_level", None) or "info").lower(),
         max_body_bytes=args.max_body_bytes,
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,
+        max_held_bytes=args.max_held_bytes,
         item_cache_bytes=args.item_cache_bytes,
         allow_request_priority=args.allow_request_priority,
         pretouch_item_cache=args.pretouch_item_cache,
+        structured_outputs=not args.disable_structured_outputs,
+        max_structured_output_bytes=args.max_structured_output_bytes,
     )
     return settings, engine_args
 
 
+def bound_kernel_cache() -> None:
+    """Bound oneDNN's kernel cache in the engine's processes (they inherit this environment),
+    unless the operator set it (see ``ONEDNN_KERNEL_CACHE``)."""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(ONEDNN_KERNEL_CACHE))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     settings, engine_args = parse_args(argv)
+    bound_kernel_cache()
     engine_died = threading.Event()
     server: DrainingServer | None = None
 

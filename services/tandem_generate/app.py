@@ -13,10 +13,13 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
 from tandem_http import (
+    CONTROL_BODY_BYTES,
+    MAX_BODY_HEADER,
     AdmissionGate,
+    ControlAccess,
     HeldStreamingResponse,
     admitted,
-    api_keys,
+    held_bytes_budget,
     keep_freed_memory,
     metrics_response,
     models_response,
@@ -25,10 +28,16 @@ from tandem_http import (
     principal_of,
     read_body,
     service_app,
+    slot_of,
     wire_response,
 )
 from tandem_http.openapi import BodySchemas, install_openapi
-from tandem_wire import WireFormat, decode_document, decode_generate_request
+from tandem_wire import (
+    SYSTEM_FINGERPRINT_HEADER,
+    WireFormat,
+    decode_document,
+    decode_generate_request,
+)
 from tandem_wire.control import (
     AbortRequestsRequest,
     FinishWeightUpdateRequest,
@@ -39,7 +48,7 @@ from tandem_wire.control import (
 
 from .control import EngineControl
 from .engine import Engine
-from .errors import ControlRoutesDisabled, EngineNotReady
+from .errors import EngineNotReady
 from .metrics import GenerateMetrics
 from .schemas import GENERATE_PATH, body_schemas
 from .serving import GenerateService
@@ -49,8 +58,6 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("tandem.generate")
 
-CONTROL_BODY_BYTES = 16 * 1024 * 1024
-"""Largest control-route body (a weight update names its tensors, not their bytes)."""
 
 T = TypeVar("T")
 
@@ -69,7 +76,12 @@ def create_app(
     process with it (a node with a dead engine only answers errors)."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = GenerateMetrics.create(registry)
-    gate = AdmissionGate(settings.max_pending, "tandem_generate", registry)
+    gate = AdmissionGate(
+        settings.max_pending,
+        "tandem_generate",
+        registry,
+        max_bytes=held_bytes_budget(settings.max_held_bytes),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,6 +95,8 @@ def create_app(
             )
         app.state.service = GenerateService(settings, engine, metrics)
         log.info("largest request body: %d MiB", app.state.service.max_body_bytes >> 20)
+        budget = "none" if gate.max_bytes is None else f"{gate.max_bytes >> 20} MiB"
+        log.info("admission: %d requests, byte budget %s", gate.limit, budget)
         app.state.control = EngineControl(engine, settings.weight_transfer_dir)
         watch = None
         if on_engine_dead is not None:
@@ -96,7 +110,7 @@ def create_app(
             if shutdown_engine:
                 engine.shutdown()
 
-    app = service_app("Tandem generate", lifespan, settings.api_key)
+    app = service_app("Tandem generate", lifespan, settings.api_key, settings.admin_api_key)
 
     def service(request: Request) -> GenerateService:
         return request.app.state.service  # type: ignore[no-any-return]
@@ -109,33 +123,35 @@ def create_app(
         in_fmt, out_fmt = negotiate(request)
         metrics.bytes_in.labels(in_fmt.name.lower()).inc(len(body))
         req = decode_generate_request(body, in_fmt, svc.limits)
-        principal = principal_of(request)
+        principal, slot = principal_of(request), slot_of(request)
+        fingerprint = svc.engine.system_fingerprint
+        headers = {SYSTEM_FINGERPRINT_HEADER: fingerprint} if fingerprint else None
         if req.stream:
-            return HeldStreamingResponse(svc.stream(req, principal), media_type="text/event-stream")
-        result = await svc.generate(req, request.is_disconnected, principal)
+            events = svc.stream(req, principal, slot)
+            return HeldStreamingResponse(events, media_type="text/event-stream", headers=headers)
+        result = await svc.generate(req, request.is_disconnected, principal, slot)
         if result is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return wire_response(result, out_fmt)
+        return wire_response(result, out_fmt, headers=headers)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
-        engine = service(request).engine
-        if engine.errored:
+        svc = service(request)
+        if svc.engine.errored:
             raise EngineNotReady("the engine has failed")
-        return JSONResponse({"status": "ok"})
+        # Tandem's extension: the body cap, which a front door in front of this node follows.
+        return JSONResponse({"status": "ok"}, headers={MAX_BODY_HEADER: str(svc.max_body_bytes)})
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         return models_response(settings.served_model_names, service(request).engine.max_model_len)
 
-    keyed = bool(api_keys(settings.api_key))
+    access = ControlAccess(settings.api_key, settings.admin_api_key, settings.enable_control_routes)
 
     def control(request: Request) -> EngineControl:
-        """For a state-changing control route: refused without an API key unless enabled."""
-        if not keyed and not settings.enable_control_routes:
-            raise ControlRoutesDisabled(
-                "control routes need --api-key (or --enable-control-routes on a trusted network)"
-            )
+        """For a state-changing control route: only for admins (see ``ControlAccess``),
+        checked before its body is read or the engine touched."""
+        access.check(request, request.url.path)
         return request.app.state.control  # type: ignore[no-any-return]
 
     def observe(request: Request) -> EngineControl:
@@ -202,6 +218,13 @@ def create_app(
         await ctl.finish_update(req.weight_version)
         return JSONResponse({"message": "Weight update finished"})
 
+    @app.post("/abort_weight_update")
+    async def abort_weight_update(request: Request) -> Response:
+        # Tandem's: ends an update under way without loading it (a fleet's start that failed
+        # on another node is undone with it); answers alike when none was under way.
+        aborted = await control(request).abort_update()
+        return JSONResponse({"message": "Weight update aborted", "aborted": aborted})
+
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> Response:
         ctl = control(request)
@@ -211,7 +234,7 @@ def create_app(
 
     @app.get("/weight_info")
     async def weight_info(request: Request) -> Response:
-        return JSONResponse({"weight_version": await observe(request).version()})
+        return JSONResponse(await observe(request).weight_info())
 
     @app.get("/get_world_size")
     async def get_world_size(request: Request, include_dp: bool = True) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,14 @@ from tandem_http import BadRequest
 from .engine import Engine
 from .errors import (
     InvalidWeightUpdate,
+    PrefixCacheNotReset,
+    WeightCheckpointUnavailable,
     WeightPathNotAllowed,
     WeightTransferNotConfigured,
     WeightUpdateConflict,
 )
 from .weight_files import (
+    ABORT_UPDATE,
     BACKEND,
     TensorSpec,
     WeightFileRefused,
@@ -50,6 +54,10 @@ log = logging.getLogger("tandem.generate")
 
 _CONFIG_JSON = pydantic.TypeAdapter(VllmConfig)
 
+RESET_ATTEMPTS = 5
+"""Tries at resetting the prefix cache after an update before answering that it did not."""
+RESET_BACKOFF_S = 0.2
+
 
 class EngineControl:
     """Pause, resume and weight updates on one engine; one per process (it tracks whether an
@@ -62,6 +70,8 @@ class EngineControl:
         wt = engine.vllm_config.weight_transfer_config
         self.backend: str | None = None if wt is None else str(wt.backend)
         self._updating = False
+        self._updated_at: float | None = None
+        """Wall clock of the last finished update or relabel (None: none since start-up)."""
         self._lock = asyncio.Lock()  # one weight call at a time: they change shared state
         self._spec: dict[str, TensorSpec] | None = None
 
@@ -141,15 +151,57 @@ class EngineControl:
                 )
             self._updating = False
             await self.llm.finish_weight_update(weight_version)
+            self._updated_at = time.time()
         # KV blocks and vision embeddings computed by the old weights must not be reused.
-        await self.llm.reset_prefix_cache()
+        await self._reset_prefix_cache()
         await self.llm.reset_encoder_cache()
+
+    async def abort_update(self) -> bool:
+        """End the update under way without loading what it received (False: none was under
+        way). What a backend applies in place as it arrives (NCCL, IPC) stays applied: an
+        abort undoes a start, and with ``tandem_file`` any chunks too (they are only staged)."""
+        self._require_backend()
+        async with self._lock:
+            if not self._updating:
+                return False
+            self._updating = False
+            try:
+                await self.llm.update_weights(WeightTransferUpdateRequest(update_info=ABORT_UPDATE))
+            except Exception:  # the refused chunk is how the worker's update ends
+                pass
+            return True
+
+    async def _reset_prefix_cache(self) -> None:
+        """Reset the prefix cache until it holds. A plain reset refuses (False) while requests
+        hold KV blocks; then running requests are preempted first, as vLLM's own pause with
+        ``clear_cache`` does, so they recompute their KV under the new weights."""
+        for attempt in range(RESET_ATTEMPTS):
+            try:
+                if await self.llm.reset_prefix_cache() or await self.llm.reset_prefix_cache(
+                    reset_running_requests=True
+                ):
+                    return
+            except RuntimeError as exc:  # vLLM: blocks held for a remote KV transfer
+                log.warning("prefix cache reset failed (attempt %d): %s", attempt + 1, exc)
+            await asyncio.sleep(RESET_BACKOFF_S * (attempt + 1))
+        raise PrefixCacheNotReset(
+            "the new weights are loaded and labelled, but the engine did not reset its prefix "
+            "cache: KV computed with the old weights may be reused; retry /reset_prefix_cache"
+        )
 
     async def set_version(self, version: str) -> None:
         await self.llm.update_weight_version(version)
+        self._updated_at = time.time()
 
-    async def version(self) -> str:
-        return str(await self.llm.get_weight_version())
+    async def weight_info(self) -> dict[str, Any]:
+        """``/weight_info``: vLLM's ``weight_version``, and Tandem's ``updated_at`` (wall
+        clock of the last finished update or relabel, null since start-up) and ``updating``,
+        from which a router tells the fleet's version (``tandem_client.fleet``)."""
+        return {
+            "weight_version": str(await self.llm.get_weight_version()),
+            "updated_at": self._updated_at,
+            "updating": self._updating,
+        }
 
     def world_size(self, include_dp: bool) -> int:
         pc = self.engine.vllm_config.parallel_config
@@ -170,7 +222,10 @@ class EngineControl:
         the model: a refusal here is a 4xx, and the engine was never asked for anything."""
         if self._spec is None:
             mc = self.engine.model_config
-            self._spec = checkpoint_spec(model_folder(mc.model, mc.revision))
+            try:
+                self._spec = checkpoint_spec(model_folder(mc.model, mc.revision))
+            except WeightFileRefused as exc:
+                raise WeightCheckpointUnavailable(exc.message) from None
         serving = (str(self.engine.model_config.dtype).removeprefix("torch."),)
         infos = update_info if isinstance(update_info, list) else [update_info]
         out = []

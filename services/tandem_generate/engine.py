@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from vllm.config import SchedulerConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.serve.utils.fingerprint import get_system_fingerprint
 from vllm.exceptions import VLLMClientError
 from vllm.outputs import RequestOutput
 from vllm.platforms import current_platform
@@ -30,7 +31,7 @@ from tandem_http import BadRequest
 from tandem_vllm.item_rules import item_rule_for
 from tandem_vllm.items import item_from_vllm, placeholder_from_vllm
 from tandem_vllm.prompts import engine_prompt
-from tandem_vllm.sampling import MaxTokensDefaults
+from tandem_vllm.sampling import MaxTokensDefaults, check_structured_outputs
 from tandem_vllm.upstream_names import check_upstream_names
 from tandem_vllm.wire_transforms import wire_transforms_for
 from tandem_wire import PlaceholderRange
@@ -60,6 +61,8 @@ class Engine:
             args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers
         )
         self.vllm_config = self.llm.vllm_config
+        # As vllm serve's OpenAI routes answer it (the door passes it on).
+        self.system_fingerprint: str | None = get_system_fingerprint(self.vllm_config)
         self.seeded_sampling_safe = not (
             current_platform.is_cpu() and self.vllm_config.scheduler_config.enable_chunked_prefill
         )
@@ -80,6 +83,11 @@ class Engine:
         # vLLM's --enable-mm-embeds: items carrying precomputed embeddings are taken (checked
         # against self.spec.embeds) only when the operator asked for them, as upstream does.
         self.accepts_mm_embeds: bool = bool(mm is not None and mm.enable_mm_embeds)
+
+    def check_structured_outputs(self, params: SamplingParams) -> None:
+        """vLLM's own check of the request's structured outputs, as its input processor runs
+        it when the request is added (``tandem_vllm.sampling.check_structured_outputs``)."""
+        check_structured_outputs(params, self.vllm_config, self.llm.input_processor.tokenizer)
 
     def generate(
         self,

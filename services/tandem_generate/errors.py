@@ -11,12 +11,16 @@ __all__ = [
     "InvalidPlaceholders",
     "InvalidItem",
     "UnsupportedSamplingParams",
+    "StructuredOutputsDisabled",
+    "StructuredOutputTooLarge",
+    "InvalidStructuredOutput",
     "EngineNotReady",
-    "ControlRoutesDisabled",
     "InvalidWeightUpdate",
     "WeightPathNotAllowed",
     "WeightUpdateConflict",
     "WeightTransferNotConfigured",
+    "WeightCheckpointUnavailable",
+    "PrefixCacheNotReset",
 ]
 
 
@@ -51,20 +55,31 @@ class UnsupportedSamplingParams(GenerateError):
     type = error_types.INVALID_SAMPLING_PARAMS
 
 
+class StructuredOutputsDisabled(GenerateError):
+    """``structured_outputs`` sent to a server started with ``--disable-structured-outputs``."""
+
+    type = error_types.STRUCTURED_OUTPUTS_DISABLED
+
+
+class StructuredOutputTooLarge(GenerateError):
+    """``structured_outputs`` larger, as JSON, than ``--max-structured-output-bytes``."""
+
+    type = error_types.STRUCTURED_OUTPUT_TOO_LARGE
+
+
+class InvalidStructuredOutput(GenerateError):
+    """A schema, regex, grammar, choice list or structural tag vLLM's structured-output backend
+    refuses; refused before the engine sees it, so the engine keeps serving."""
+
+    type = error_types.INVALID_STRUCTURED_OUTPUT
+
+
 class EngineNotReady(GenerateError):
     """The engine is starting or has failed."""
 
     status_code = 503
     type = error_types.ENGINE_NOT_READY
     retry_after = 5
-
-
-class ControlRoutesDisabled(GenerateError):
-    """A state-changing control route (pause, weight updates, cache reset) on a server that
-    has no API key: refused unless the operator passed ``--enable-control-routes``."""
-
-    status_code = 403
-    type = error_types.CONTROL_ROUTES_DISABLED
 
 
 class InvalidWeightUpdate(GenerateError):
@@ -92,3 +107,19 @@ class WeightTransferNotConfigured(GenerateError):
 
     status_code = 409
     type = error_types.WEIGHT_TRANSFER_NOT_CONFIGURED
+
+
+class WeightCheckpointUnavailable(GenerateError):
+    """The served model's checkpoint, which every update is checked against, cannot be read
+    on this node (not in the local files, or a header it cannot read)."""
+
+    status_code = 409
+    type = error_types.WEIGHT_CHECKPOINT_UNAVAILABLE
+
+
+class PrefixCacheNotReset(GenerateError):
+    """The new weights are loaded, but the engine refused to reset its prefix cache."""
+
+    status_code = 503
+    type = error_types.PREFIX_CACHE_NOT_RESET
+    retry_after = 1

@@ -49,6 +49,9 @@ class EngineInputs:
     hashes: dict[str, list[str]]
     placeholders: dict[str, list[PlaceholderRange]]
     """Checked ranges, ``is_embed`` computed from the tokens (tandem_vllm converts them)."""
+    decoded_bytes: int = 0
+    """Bytes this request's items were decoded into, beyond its body (base64 decoded from
+    JSON, copies out of the body, tensors rebuilt): what the request holds besides its body."""
 
 
 class InputBuilder:
@@ -120,7 +123,8 @@ class InputBuilder:
                         missing.setdefault(modality, []).append(mm_hash)
                         continue
                 else:
-                    stored = self._decode(entry, tenant, modality)
+                    stored, fresh = self._decode(entry, tenant, modality)
+                    out.decoded_bytes += fresh
                     self.store.put(scope, stored)
                 stored_items.append(stored)
             if modality in missing:
@@ -139,14 +143,19 @@ class InputBuilder:
             )
         return out
 
-    def _decode(self, entry: ItemBytes, tenant: str, modality: str) -> StoredItem:
+    def _decode(self, entry: ItemBytes, tenant: str, modality: str) -> tuple[StoredItem, int]:
+        """The item, and the bytes it takes beyond the request body (a view into the body
+        takes none)."""
         body = 0  # the request body's size, when the item is kept as a view into it
+        fresh = len(entry)  # JSON's base64, decoded: bytes of its own
         if isinstance(entry, memoryview):
+            fresh = 0
             body = memoryview(entry.obj).nbytes
             if entry.nbytes * 10 < body * 9:
                 # A view into the whole request body: stored as it is, it would keep the
                 # body's other items alive too, past the store's byte budget (one memcpy).
                 entry, body = bytes(entry), 0
+                fresh = len(entry)
             # Else nearly the whole body is this item: kept as a view, it holds little more
             # than itself, counted below (the copy cost ~5% of API CPU per image request).
         wire = decode_item(entry, self.limits)
@@ -159,13 +168,14 @@ class InputBuilder:
         wire = rebind(wire, spec, modality)
         expected_embeds(wire, spec, modality)  # the model's rule, once, before the store
         data = memoryview(entry)
-        return StoredItem(
+        stored = StoredItem(
             # Of the bytes as sent, transform declaration included: what the sender names.
             content_id=content_id(tenant, data),
             item=item_to_vllm(wire),
             wire=wire,
             nbytes=max(data.nbytes, body) + rebuilt,
         )
+        return stored, fresh + rebuilt
 
     def _spec_of(self, wire: KwargsItem, modality: str) -> ModalitySpec:
         """The spec an item is checked against: its modality's embedding form when it carries

@@ -5,13 +5,7 @@ from __future__ import annotations
 from tandem_http.openapi import REF_TEMPLATE, BodySchemas
 from tandem_vllm.sampling import sampling_params_schema
 from tandem_wire import GenerateRequest
-from tandem_wire.control import (
-    AbortRequestsRequest,
-    FinishWeightUpdateRequest,
-    InitWeightTransferRequest,
-    UpdateWeightsRequest,
-    UpdateWeightVersionRequest,
-)
+from tandem_wire.control import CONTROL_ROUTES
 
 __all__ = ["GENERATE_PATH", "body_schemas"]
 
@@ -24,11 +18,7 @@ def body_schemas() -> BodySchemas:
     out = BodySchemas.of_structs(
         {
             GENERATE_PATH: GenerateRequest[str | None],
-            "/abort_requests": AbortRequestsRequest,
-            "/init_weight_transfer_engine": InitWeightTransferRequest,
-            "/update_weights": UpdateWeightsRequest,
-            "/finish_weight_update": FinishWeightUpdateRequest,
-            "/update_weight_version": UpdateWeightVersionRequest,
+            **{r.path: r.body for r in CONTROL_ROUTES if r.body is not None},
         }
     )
     sampling, defs = sampling_params_schema(REF_TEMPLATE)

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from tandem_http import BadRequest, ModelNotFound, PromptTooLong
+from tandem_http import BadRequest, ModelNotFound, PromptTooLong, Slot
 from tandem_wire import (
     DecodeLimits,
     GenerateRequest,
@@ -24,7 +24,7 @@ from .inputs import InputBuilder
 from .item_store import ItemStore
 from .metrics import GenerateMetrics
 from .outputs import full_response, stream_choice, usage_chunk
-from .sampling import build_sampling_params, default_max_tokens
+from .sampling import build_sampling_params, check_structured_outputs, default_max_tokens
 from .settings import GenerateSettings
 
 __all__ = ["GenerateService"]
@@ -57,7 +57,7 @@ class GenerateService:
         )
 
     def _prepare(
-        self, req: GenerateRequest[ItemBytes | None], principal: str
+        self, req: GenerateRequest[ItemBytes | None], principal: str, slot: Slot | None
     ) -> tuple[Any, Any, int | None]:
         if req.model is not None and req.model not in self.settings.served_model_names:
             raise ModelNotFound(f"model {req.model[:80]!r} is not served here", param="model")
@@ -75,6 +75,11 @@ class GenerateService:
             max_n=self.engine.max_num_seqs,
             max_logprobs=self.engine.max_logprobs,
             vocab_size=self.engine.vocab_size,
+            max_structured_output_bytes=(
+                self.settings.max_structured_output_bytes
+                if self.settings.structured_outputs
+                else None
+            ),
         )
         if params.seed is not None and not self.engine.seeded_sampling_safe:
             raise UnsupportedSamplingParams(
@@ -96,7 +101,10 @@ class GenerateService:
                 f"context of {self.engine.max_model_len}",
                 param="sampling_params.max_tokens",
             )
+        check_structured_outputs(self.engine, params)
         inputs = self.builder.build(req, tenant_of(req), principal)
+        if slot is not None:
+            slot.charge(inputs.decoded_bytes)  # held with the request until it is answered
         return params, inputs, params.logprobs
 
     def _start(
@@ -120,10 +128,12 @@ class GenerateService:
         req: GenerateRequest[ItemBytes | None],
         disconnected: Disconnected,
         principal: str = "",
+        slot: Slot | None = None,
     ) -> GenerateResponse | None:
         """Run to completion; None if the client went away (the engine request is aborted).
-        ``principal`` is the API key the request came with (``tandem_http.principal_of``)."""
-        params, inputs, top_n = self._prepare(req, principal)
+        ``principal`` is the API key the request came with (``tandem_http.principal_of``);
+        the items decoded for it are charged to its admission ``slot``."""
+        params, inputs, top_n = self._prepare(req, principal, slot)
         start = time.perf_counter()
         engine_id = engine_request_id(req)
         task = asyncio.ensure_future(_last(self._start(req, engine_id, params, inputs)))
@@ -153,10 +163,13 @@ class GenerateService:
         )
 
     def stream(
-        self, req: GenerateRequest[ItemBytes | None], principal: str = ""
+        self,
+        req: GenerateRequest[ItemBytes | None],
+        principal: str = "",
+        slot: Slot | None = None,
     ) -> AsyncIterator[bytes]:
         """Check now (errors become proper HTTP answers); return the SSE body."""
-        params, inputs, top_n = self._prepare(req, principal)
+        params, inputs, top_n = self._prepare(req, principal, slot)
         return self._stream(req, params, inputs, top_n)
 
     async def _stream(

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GenerateSettings"]
+__all__ = ["ENGINE_MM_PROCESSOR_CACHE_GB", "ONEDNN_KERNEL_CACHE", "GenerateSettings"]
+
+ENGINE_MM_PROCESSOR_CACHE_GB = 0.0
+"""Generate's default for vLLM's ``--mm-processor-cache-gb`` (vLLM's own: 4 GiB), in GiB.
+Items reach the engine already processed and always with their data (nulls are resolved by
+the item store first), so vLLM's engine-side copy of each one is only ever written, never
+read: left on, it grew the engine core's RSS by ~0.3 MiB per fresh image up to 4 GiB. A
+user's own ``--mm-processor-cache-gb`` still wins."""
+
+ONEDNN_KERNEL_CACHE = 128
+"""Generate's default for oneDNN's compiled-kernel cache in the engine's worker on the CPU build
+(``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; oneDNN's own: 1024 kernels, with no byte bound): one
+kernel per input shape, so a mix of prompt lengths and image sizes kept adding kernels (the
+worker grew ~450 MiB over 150 s of varied prompts and was still rising; at 64 it stayed
+within ~30 MiB over 10 minutes). A value set in the environment still wins."""
 
 
 @dataclass(frozen=True)
@@ -17,11 +31,20 @@ class GenerateSettings:
     host: str = "127.0.0.1"
     port: int = 8200
     api_key: str | tuple[str, ...] | None = None
-    """When set, every route but /health needs ``Authorization: Bearer <key>``."""
+    """Inference keys: when set, every route but /health needs ``Authorization: Bearer
+    <key>`` with one of them or with an admin key. Held items are kept per key."""
+
+    admin_api_key: str | tuple[str, ...] = ()
+    """Admin keys: the only keys that may call the state-changing control routes (pause,
+    resume, abort, weight updates, cache reset); an inference key gets 403 ``admin_required``.
+    They also pass wherever an inference key does. Empty: no admin key (see
+    ``enable_control_routes``); with admin keys only, inference routes stay open."""
 
     enable_control_routes: bool = False
-    """With no ``api_key``, state-changing control routes (pause, resume, abort, weight
-    updates, cache reset) answer 403 unless this is set; with a key they need the key."""
+    """With no ``admin_api_key``, serve the state-changing control routes to every caller the
+    key check lets in (any inference key, or anyone when there is no key); off, they answer
+    403 (``admin_required`` to an inference key, else ``control_routes_disabled``). Changes
+    nothing when admin keys are set."""
 
     weight_transfer_dir: str | None = None
     """The folder ``tandem_file`` weight updates are read from (paths outside it are refused);
@@ -38,17 +61,36 @@ class GenerateSettings:
     max_pending: int = 256
     """Requests admitted (decoding, queued or running) before answering 429."""
 
+    max_held_bytes: int | None = None
+    """Bytes the admitted requests may hold: their bodies (by Content-Length, before any is
+    read) plus the items decoded from them; past it a request is answered 429 with
+    Retry-After before its body is read, and one declaring more than all of it 413. None: a
+    quarter of this process's memory (its cgroup limit, else the host's RAM); 0: no byte
+    budget."""
+
     allow_request_priority: bool = False
     """Honour the ``priority`` a request sets (with ``--scheduling-policy priority`` a caller
     could otherwise put itself ahead of everyone); off: every request runs at priority 0."""
 
-    item_cache_bytes: int = 2 * 1024 * 1024 * 1024
-    """Bytes of decoded items kept for null ``kwargs_data`` entries (per tenant and hash)."""
+    item_cache_bytes: int = 1024 * 1024 * 1024
+    """Bytes of decoded items kept for null ``kwargs_data`` entries (per tenant and hash). At
+    most what start-up faults in (``tandem_http.memory.MAX_PRETOUCH``), so the process's RSS
+    stays flat while the store fills; 1 GiB is ~4% of a 24 GiB host and ~3,000 Qwen2-VL
+    224x224 images."""
 
     pretouch_item_cache: bool = True
     """Keep freed memory in the process and fault in the item cache's budget at start-up, so
     filling the cache does not make requests pay for fresh pages (measured: ~2 ms of API CPU
     per request with an image on our VMs)."""
+
+    structured_outputs: bool = True
+    """Take ``sampling_params.structured_outputs`` (JSON schema, regex, choice, grammar,
+    structural tag), as vLLM's generate does; off: refused with a 400."""
+
+    max_structured_output_bytes: int = 64 * 1024
+    """Largest ``structured_outputs`` accepted, in bytes of its JSON (the schema, regex,
+    grammar or choices with their options): bounds what the API process parses and the
+    engine compiles per request. Larger is a 400."""
 
     disconnect_poll_s: float = 0.25
     """How often a non-streaming request checks whether its client went away."""

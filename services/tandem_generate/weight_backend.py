@@ -23,7 +23,14 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .weight_files import TensorSpec, check_update, checkpoint_spec, model_folder, read_header
+from .weight_files import (
+    ABORT_UPDATE,
+    TensorSpec,
+    check_update,
+    checkpoint_spec,
+    model_folder,
+    read_header,
+)
 
 __all__ = ["FileInitInfo", "FileUpdateInfo", "FileWeightTransferEngine"]
 
@@ -61,6 +68,9 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
         self._staged.clear()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
+        if update_info == ABORT_UPDATE:
+            self._staged.clear()
+            raise RuntimeError("weight update aborted: nothing staged is loaded")
         # The base class synchronizes an accelerator here; the CPU has nothing in flight.
         self.receive_weights(self.parse_update_info(update_info))
 

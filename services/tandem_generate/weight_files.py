@@ -16,9 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem_wire.safetensors_codec import SAFETENSORS_DTYPES
-
 __all__ = [
+    "ABORT_UPDATE",
     "BACKEND",
     "MAX_HEADER_BYTES",
     "TensorSpec",
@@ -34,17 +33,44 @@ __all__ = [
 BACKEND = "tandem_file"
 """The weight-transfer backend name (``--weight-transfer-config '{"backend": "tandem_file"}'``)."""
 
+ABORT_UPDATE = {"tandem_abort": True}
+"""The ``update_info`` that ends an update under way without loading anything: every backend
+refuses it as a chunk, and vLLM's worker ends its update when a chunk fails (``tandem_file``
+also drops what it staged)."""
+
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 """Largest safetensors header read (a header only lists names, dtypes, shapes and offsets)."""
 
-DTYPE_NAMES = SAFETENSORS_DTYPES
-"""safetensors dtype tags -> the names torch and vLLM use; any other tag is refused."""
+WEIGHT_DTYPES: dict[str, tuple[str, int]] = {
+    "BOOL": ("bool", 1),
+    "U8": ("uint8", 1),
+    "I8": ("int8", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
+    "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
+    "U16": ("uint16", 2),
+    "I16": ("int16", 2),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "U32": ("uint32", 4),
+    "I32": ("int32", 4),
+    "F32": ("float32", 4),
+    "U64": ("uint64", 8),
+    "I64": ("int64", 8),
+    "F64": ("float64", 8),
+    "C64": ("complex64", 8),
+}
+"""safetensors dtype tags a checkpoint may hold -> (the name torch and vLLM use, bytes per
+element): every tag the safetensors package loads into torch (FP8 included, which
+quantized checkpoints use); any other tag is refused, naming it."""
 
 _INDEX = re.compile(r"^\d+$")
 
 
 class WeightFileRefused(Exception):
-    """An update file that must not be loaded; ``kind`` is ``path`` or ``content``."""
+    """An update file that must not be loaded; ``kind`` is ``path``, ``content``, or ``model``
+    (the served model's own checkpoint, which updates are checked against, cannot be read)."""
 
     def __init__(self, message: str, kind: str = "content") -> None:
         super().__init__(message)
@@ -96,8 +122,11 @@ def _entry_spec(name: str, entry: object, data_bytes: int) -> TensorSpec:
     if not isinstance(entry, dict):
         raise WeightFileRefused(f"tensor {name[:200]!r}: malformed header entry")
     tag, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if tag not in DTYPE_NAMES:
-        raise WeightFileRefused(f"tensor {name[:200]!r}: unsupported dtype {str(tag)[:20]!r}")
+    if not isinstance(tag, str) or tag not in WEIGHT_DTYPES:
+        raise WeightFileRefused(
+            f"tensor {name[:200]!r}: dtype {str(tag)[:20]!r} is not one safetensors loads "
+            f"({', '.join(WEIGHT_DTYPES)})"
+        )
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise WeightFileRefused(f"tensor {name[:200]!r}: malformed shape")
     if (
@@ -107,35 +136,49 @@ def _entry_spec(name: str, entry: object, data_bytes: int) -> TensorSpec:
         or not 0 <= offsets[0] <= offsets[1] <= data_bytes
     ):
         raise WeightFileRefused(f"tensor {name[:200]!r}: data offsets outside the file")
-    itemsize = 1 if tag in ("BOOL", "U8", "I8") else int(re.sub(r"\D", "", tag)) // 8
+    dtype, itemsize = WEIGHT_DTYPES[tag]
     numel = 1
     for d in shape:
         numel *= d
     if numel * itemsize != offsets[1] - offsets[0]:
         raise WeightFileRefused(f"tensor {name[:200]!r}: byte count does not match its shape")
-    return TensorSpec(DTYPE_NAMES[tag], tuple(shape))
+    return TensorSpec(dtype, tuple(shape))
 
 
 def checkpoint_spec(model_dir: str | os.PathLike[str]) -> dict[str, TensorSpec]:
     """Every tensor of the model's own safetensors checkpoint: the names, dtypes and shapes
-    its ``load_weights`` is known to accept (it loaded exactly these at start-up)."""
+    its ``load_weights`` is known to accept (it loaded exactly these at start-up). Refused
+    with kind ``model`` when the checkpoint cannot be read."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise WeightFileRefused(f"no safetensors checkpoint in {model_dir}", kind="model")
     spec: dict[str, TensorSpec] = {}
     for file in files:
-        spec.update(read_header(file))
+        try:
+            spec.update(read_header(file))
+        except WeightFileRefused as exc:
+            raise WeightFileRefused(
+                f"the model's checkpoint {file.name}: {exc.message}", kind="model"
+            ) from None
     return spec
 
 
 def model_folder(model: str, revision: str | None = None) -> str:
     """The local folder of the served model: the model argument itself, or its copy in the
-    Hugging Face cache (never downloaded here; vLLM fetched it at start-up)."""
+    Hugging Face cache (never downloaded here; vLLM fetched it at start-up). Refused with kind
+    ``model`` when there is no local copy."""
     if os.path.isdir(model):
         return model
     from huggingface_hub import snapshot_download
 
-    return str(snapshot_download(model, revision=revision, local_files_only=True))
+    try:
+        return str(snapshot_download(model, revision=revision, local_files_only=True))
+    except Exception as exc:  # the hub client's errors differ by version; none is the caller's
+        raise WeightFileRefused(
+            f"the model {model[:200]!r} has no local copy to check updates against "
+            f"({type(exc).__name__})",
+            kind="model",
+        ) from None
 
 
 def confine(path: str, root: str | os.PathLike[str] | None) -> Path:

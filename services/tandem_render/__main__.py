@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 
 from tandem_http import serve_settings, settings_from_cli
+from tandem_vllm.parser_flags import add_parser_flags, check_parser_flags
 
 from .settings import SETTINGS_ENV, RenderSettings
 
@@ -35,9 +36,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         help="run model-provided processor code (only for models you trust)",
     )
     p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    p.add_argument(
-        "--chat-template", help="a chat template file or string to use instead of the model's"
-    )
+    add_parser_flags(p, RenderSettings.tool_strict_level, RenderSettings.cohere_format)
     p.add_argument(
         "--host",
         default=env("TANDEM_HOST", "127.0.0.1"),
@@ -94,6 +93,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         type=int,
         help="requests a worker holds at once before answering 429 "
         f"(default: {RenderSettings.max_pending})",
+    )
+    p.add_argument(
+        "--max-held-bytes",
+        type=int,
+        help="bytes of request bodies (by Content-Length) a worker's admitted requests may "
+        "hold before answering 429 (default: a quarter of the memory limit, cgroup or RAM, "
+        "shared by the workers; 0: no byte budget)",
     )
     p.add_argument(
         "--item-cache-bytes",
@@ -219,6 +225,14 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         f"(default: {RenderSettings.max_decoded_video_bytes})",
     )
     p.add_argument(
+        "--max-decoded-request-bytes",
+        type=int,
+        help="most bytes all of one request's media may decode to (RGB pixels, sampled video "
+        "frames, float32 audio), checked from headers before decoding (default: the model's "
+        "max_pixels x --max-images-per-prompt x 3, capped at 1 GiB, at least one image at "
+        "--max-image-pixels)",
+    )
+    p.add_argument(
         "--max-audio-seconds",
         type=float,
         help="longest audio clip, checked from its header "
@@ -239,6 +253,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     args = vars(p.parse_args(argv))
     args["served_model_name"] = tuple(args["served_model_name"] or ())
     args["api_key"] = args["api_key"] or env("TANDEM_API_KEY")
+    check_parser_flags(p, args)
     return settings_from_cli(RenderSettings, args)
 
 

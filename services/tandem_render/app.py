@@ -16,6 +16,7 @@ from tandem_http import (
     AdmissionGate,
     PartsResponse,
     admitted,
+    held_bytes_budget,
     keep_freed_memory,
     mark_process_dead,
     metrics_response,
@@ -49,6 +50,19 @@ log = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions/render"
 COMPLETION_PATH = "/v1/completions/render"
+RESPONSES_PATH = "/v1/responses/render"
+MESSAGES_PATH = "/v1/messages/render"
+CHAT_DERENDER_PATH = "/v1/chat/completions/derender"
+COMPLETION_DERENDER_PATH = "/v1/completions/derender"
+PATHS = {
+    "chat": CHAT_PATH,
+    "completion": COMPLETION_PATH,
+    "responses": RESPONSES_PATH,
+    "messages": MESSAGES_PATH,
+    "chat_derender": CHAT_DERENDER_PATH,
+    "completion_derender": COMPLETION_DERENDER_PATH,
+}
+"""Every route `vllm launch render` serves, by kind, at upstream's paths."""
 
 
 def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> FastAPI:
@@ -56,7 +70,12 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     so a process that only imports this module does no work."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = RenderMetrics.create(registry)
-    gate = AdmissionGate(settings.max_pending, "tandem_render", registry)
+    gate = AdmissionGate(
+        settings.max_pending,
+        "tandem_render",
+        registry,
+        max_bytes=held_bytes_budget(settings.max_held_bytes, settings.workers),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -104,19 +123,27 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         metrics.bytes_out.labels(out_fmt.name.lower()).inc(response.length)
         return response
 
-    @app.post(CHAT_PATH)
-    @admitted(gate)
-    async def render_chat(request: Request) -> Response:
-        body, in_fmt, out_fmt, transforms, coded = await request_body(request)
-        result = await request.app.state.service.render_chat(body, in_fmt, transforms, coded)
-        return respond(result, out_fmt, request)
+    def render_route(kind: str) -> None:
+        @app.post(PATHS[kind], name=f"render_{kind}")
+        @admitted(gate)
+        async def route(request: Request) -> Response:
+            body, in_fmt, out_fmt, transforms, coded = await request_body(request)
+            render = getattr(request.app.state.service, f"render_{kind}")
+            return respond(await render(body, in_fmt, transforms, coded), out_fmt, request)
 
-    @app.post(COMPLETION_PATH)
-    @admitted(gate)
-    async def render_completion(request: Request) -> Response:
-        body, in_fmt, out_fmt, transforms, coded = await request_body(request)
-        results = await request.app.state.service.render_completion(body, in_fmt, transforms, coded)
-        return respond(results, out_fmt, request)
+    # Derender answers are upstream's JSON whatever the caller accepts: they are small text.
+    def derender_route(kind: str) -> None:
+        @app.post(PATHS[f"{kind}_derender"], name=f"derender_{kind}")
+        @admitted(gate)
+        async def route(request: Request) -> Response:
+            body = await read_body(request, settings.max_body_bytes)
+            in_fmt, _ = negotiate(request)
+            return JSONResponse(await request.app.state.service.derender(kind, body, in_fmt))
+
+    for kind in ("chat", "completion", "responses", "messages"):
+        render_route(kind)
+    for kind in ("chat", "completion"):
+        derender_route(kind)
 
     @app.get("/health")
     async def health() -> Response:
@@ -134,7 +161,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
     async def schemas(request: Request) -> BodySchemas:
         from .vllm_renderer import body_schemas
 
-        return body_schemas(CHAT_PATH, COMPLETION_PATH)
+        return body_schemas(PATHS)
 
     install_openapi(app, schemas)
     return app

@@ -65,9 +65,10 @@ class VideoLimits:
     """Bytes of the frames vLLM samples and decodes (RGB), at the request's ``num_frames``."""
 
 
-def check_video_bytes(data: bytes, limits: VideoLimits, sampled_frames: int) -> None:
+def check_video_bytes(data: bytes, limits: VideoLimits, sampled_frames: int) -> int:
     """Read the container's header with vLLM's own OpenCV opener and refuse a video whose
-    duration, frame count, frame size or decoded frames exceed ``limits``."""
+    duration, frame count, frame size or decoded frames exceed ``limits``; else the bytes
+    its sampled frames decode to (RGB)."""
     import cv2
     from vllm.multimodal.video_decoders.opencv import OpenCVVideoBackendMixin
 
@@ -99,6 +100,7 @@ def check_video_bytes(data: bytes, limits: VideoLimits, sampled_frames: int) -> 
     ):
         if value > bound:
             raise MediaTooLarge(f"the video has {value:.0f} {what}, more than {bound}")
+    return decoded
 
 
 def decode_audio(media_io: Any, data: bytes, how: AudioDecoding) -> tuple[np.ndarray, int]:

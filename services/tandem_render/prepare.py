@@ -34,6 +34,8 @@ __all__ = [
     "RequestLimits",
     "prepare_chat",
     "prepare_completion",
+    "prepare_messages",
+    "prepare_responses",
 ]
 
 MEDIA_URL_PREFIX = "tandem-media:"
@@ -262,14 +264,20 @@ def _check_implied_grid(body: Mapping[str, Any], images: int, limits: RequestLim
         )
 
 
-def prepare_chat(body: Any, limits: RequestLimits) -> PreparedChat:
-    """Validate the chat request's shape and pull its media out into ``MediaRef``s."""
+def _messages_of(body: Any, limits: RequestLimits) -> list[Any]:
+    """The ``messages`` of a chat or Messages body, once its common fields are checked."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     _check_common(body, limits)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", param="messages")
+    return messages
+
+
+def prepare_chat(body: Any, limits: RequestLimits) -> PreparedChat:
+    """Validate the chat request's shape and pull its media out into ``MediaRef``s."""
+    messages = _messages_of(body, limits)
     counter = [0]
     refs: list[MediaRef] = []
     embeds: list[EmbedsRef] = []
@@ -298,6 +306,111 @@ def prepare_chat(body: Any, limits: RequestLimits) -> PreparedChat:
         raise BadRequest(f"{kind} media and {kind}_embeds parts cannot be mixed in one request")
     _check_implied_grid(body, sum(r.modality == "image" for r in refs), limits)
     return PreparedChat(body={**body, "messages": out_messages}, media=refs, embeds=embeds)
+
+
+def prepare_messages(body: Any, limits: RequestLimits) -> PreparedChat:
+    """An Anthropic Messages request: its image blocks (in messages and in tool results) become
+    URL sources naming prefetched bytes, as ``prepare_chat`` does for chat parts."""
+    messages = _messages_of(body, limits)
+    counter = [0]
+    refs: list[MediaRef] = []
+
+    def blocks(content: Any, where: str) -> Any:
+        if not isinstance(content, list):
+            return content
+        out = []
+        for j, block in enumerate(content):
+            at = f"{where}[{j}]"
+            if not isinstance(block, dict):
+                raise BadRequest(f"{at} must be an object", param="messages")
+            kind = block.get("type")
+            if kind == "image":
+                ref = _anthropic_image_ref(counter, block.get("source"), at)
+                refs.append(ref)
+                block = {**block, "source": {"type": "url", "url": ref.token}}
+            elif kind == "tool_result":
+                block = {**block, "content": blocks(block.get("content"), f"{at}.content")}
+            elif kind in _ANTHROPIC_MEDIA_BLOCKS:
+                raise BadRequest(f"{at}: content block type {kind!r} is not supported")
+            out.append(block)
+        return out
+
+    out_messages = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"messages[{i}] must be an object", param="messages")
+        content = blocks(message.get("content"), f"messages[{i}].content")
+        out_messages.append({**message, "content": content})
+    _check_counts(refs, limits)
+    _check_implied_grid(body, len(refs), limits)
+    return PreparedChat(body={**body, "messages": out_messages}, media=refs)
+
+
+_ANTHROPIC_MEDIA_BLOCKS = frozenset({"document", "search_result", "container_upload"})
+"""Blocks that carry files or remote content: not fetched here, so refused."""
+
+
+def _anthropic_image_ref(counter: list[int], source: Any, where: str) -> MediaRef:
+    """An image block's source (``base64`` or ``url``), as the URL vLLM itself makes of it."""
+    if not isinstance(source, dict):
+        raise BadRequest(f"{where}.source must be an object", param="messages")
+    if source.get("type") == "url":
+        return _media_ref(counter, "image", source.get("url"), where)
+    media_type, data = source.get("media_type", "image/jpeg"), source.get("data")
+    if not isinstance(media_type, str) or not isinstance(data, str) or not data:
+        raise BadRequest(f"{where}.source needs base64 data and a media_type", param="messages")
+    return _media_ref(counter, "image", f"data:{media_type};base64,{data}", where)
+
+
+_RESPONSES_TEXT_PARTS = frozenset(
+    {"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"}
+)
+
+
+def prepare_responses(body: Any, limits: RequestLimits) -> PreparedChat:
+    """A Responses request: its ``input_image`` parts' URLs become tokens naming prefetched
+    bytes; other media parts (file ids, files, audio) are refused."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    _check_common(body, limits)
+    items = body.get("input")
+    if isinstance(items, str):
+        return PreparedChat(body=body)
+    if not isinstance(items, list) or not items:
+        raise BadRequest("input must be text or a non-empty list of items", param="input")
+    counter = [0]
+    refs: list[MediaRef] = []
+    out_items = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"input[{i}] must be an object", param="input")
+        content = item.get("content")
+        if not isinstance(content, list):
+            out_items.append(item)
+            continue
+        parts = []
+        for j, part in enumerate(content):
+            where = f"input[{i}].content[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if not isinstance(part, dict) or not isinstance(kind, str):
+                raise BadRequest(f"{where} must be an object with a type", param="input")
+            if kind == "input_image":
+                if part.get("file_id") is not None:
+                    raise BadRequest(f"{where}: file_id images are not supported", param="input")
+                ref = _media_ref(counter, "image", part.get("image_url"), where)
+                part = {**part, "image_url": ref.token}
+            elif kind in _RESPONSES_TEXT_PARTS:
+                parts.append(part)
+                continue
+            else:
+                shown = kind[:40]
+                raise BadRequest(f"{where}: content part type {shown!r} is not supported")
+            refs.append(ref)
+            parts.append(part)
+        out_items.append({**item, "content": parts})
+    _check_counts(refs, limits)
+    _check_implied_grid(body, sum(r.modality == "image" for r in refs), limits)
+    return PreparedChat(body={**body, "input": out_items}, media=refs)
 
 
 def _screen_part(

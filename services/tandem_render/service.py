@@ -5,18 +5,35 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import blake3
 import msgspec
 
+from tandem_http import BadRequest
 from tandem_wire import GenerateRequest, WireFormat, decode_document
 
+from .budget import (
+    RGB_BYTES,
+    MediaSize,
+    check_context_fit,
+    check_decoded_budget,
+    default_request_budget,
+)
 from .caches import ItemCache, new_answer_cache
 from .media import MediaLoader
 from .metrics import RenderMetrics
-from .prepare import MediaRef, ProcessorFacts, RequestLimits, prepare_chat, prepare_completion
+from .prepare import (
+    MediaRef,
+    PreparedChat,
+    ProcessorFacts,
+    RequestLimits,
+    prepare_chat,
+    prepare_completion,
+    prepare_messages,
+    prepare_responses,
+)
 from .settings import RenderSettings
 
 __all__ = ["Renderer", "RenderService"]
@@ -43,9 +60,41 @@ class Renderer(Protocol):
         self, body: dict[str, Any], prompt_media: Sequence[Any] | None, encode: Any
     ) -> list[GenerateRequest[bytes | None]]: ...
 
+    async def render_responses(
+        self,
+        body: dict[str, Any],
+        media: Mapping[str, bytes],
+        encode: Any,
+        decoded: Any,
+        *,
+        embeds: Mapping[str, Any] | None = None,
+    ) -> GenerateRequest[bytes | None]: ...
+
+    async def render_messages(
+        self,
+        body: dict[str, Any],
+        media: Mapping[str, bytes],
+        encode: Any,
+        decoded: Any,
+        *,
+        embeds: Mapping[str, Any] | None = None,
+    ) -> GenerateRequest[bytes | None]: ...
+
+    async def derender_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Upstream's derender answer (JSON-ready) for a whole answer or a streamed chunk."""
+        ...
+
+    async def derender_completion(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
     def load_image(self, data: bytes, decoded: Any) -> Any: ...
 
-    def check_video_bytes(self, data: bytes) -> None: ...
+    def check_video_bytes(self, data: bytes) -> int:
+        """Refuse an out-of-bounds video from its header; else its sampled frames' bytes."""
+        ...
+
+    def image_tokens(self, width: int, height: int, mm_kwargs: Mapping[str, Any]) -> int | None:
+        """The model's placeholder tokens for an image of this size (None: no known rule)."""
+        ...
 
     def new_decoded_cache(self, budget_bytes: int) -> Any: ...
 
@@ -83,6 +132,11 @@ class RenderService:
             max_image_pixels=settings.max_image_pixels,
             enable_mm_embeds=settings.enable_mm_embeds,
         )
+        self.request_budget = settings.max_decoded_request_bytes or default_request_budget(
+            renderer.processor_facts.max_pixels,
+            settings.max_images_per_prompt,
+            settings.max_image_pixels,
+        )
         self.items = ItemCache(settings.item_cache_bytes, len)
         self.decoded = renderer.new_decoded_cache(settings.decoded_cache_bytes)
         # Whole answers by a hash of the exact request bytes, for a short while: an RL batch
@@ -99,23 +153,78 @@ class RenderService:
         """``transforms``: the wire transforms the caller accepts (``*``: any), applied where
         this model has them and they are exact; ``coded``: the caller compresses its bodies
         (``*`` then takes the transforms that only pay under compression too)."""
+        return await self._render_conversation(
+            "chat", raw, fmt, transforms, coded, prepare_chat, self.renderer.render_chat
+        )
+
+    async def render_responses(
+        self,
+        raw: bytes,
+        fmt: WireFormat,
+        transforms: frozenset[str] = frozenset(),
+        coded: bool = False,
+    ) -> GenerateRequest[bytes | None]:
+        """A Responses request, as ``render_chat`` (its input items' images screened)."""
+        return await self._render_conversation(
+            "responses",
+            raw,
+            fmt,
+            transforms,
+            coded,
+            prepare_responses,
+            self.renderer.render_responses,
+        )
+
+    async def render_messages(
+        self,
+        raw: bytes,
+        fmt: WireFormat,
+        transforms: frozenset[str] = frozenset(),
+        coded: bool = False,
+    ) -> GenerateRequest[bytes | None]:
+        """An Anthropic Messages request, as ``render_chat`` (its image blocks screened)."""
+        return await self._render_conversation(
+            "messages", raw, fmt, transforms, coded, prepare_messages, self.renderer.render_messages
+        )
+
+    async def _render_conversation(
+        self,
+        route: str,
+        raw: bytes,
+        fmt: WireFormat,
+        transforms: frozenset[str],
+        coded: bool,
+        prepare: Callable[[Any, RequestLimits], PreparedChat],
+        render: Callable[..., Awaitable[GenerateRequest[bytes | None]]],
+    ) -> GenerateRequest[bytes | None]:
         names = self.renderer.accepted_wire_transforms(transforms, coded)
-        with self._account("chat"):
-            key = ("chat", names, blake3.blake3(raw).hexdigest())
+        with self._account(route):
+            key = (route, names, blake3.blake3(raw).hexdigest())
             hit = self.answers.get(key)
             if hit is not None:
                 self.metrics.answer_cache_hits.inc()
                 return _fresh_id(hit[0], hit[1])
             body = decode_document(raw, Any, fmt)
-            prepared = prepare_chat(body, self.limits)
-            media = await self._load_all(prepared.media)
+            prepared = prepare(body, self.limits)
+            media = await self._load_all(prepared.media, body, [prepared.media])
             embeds = prepared.embed_tensors()
             self.metrics.media_bytes.inc(sum(int(t.nbytes) for t in embeds.values()))
-            result = await self.renderer.render_chat(
+            result = await render(
                 prepared.body, media, self._encoder(names), self.decoded, embeds=embeds
             )
             self._remember(key, result, body, prepared.media)
             return result
+
+    async def derender(self, route: str, raw: bytes, fmt: WireFormat) -> dict[str, Any]:
+        """A generate answer, or one streamed chunk, as upstream's chat (``route`` "chat") or
+        completion derender answers it."""
+        with self._account(f"{route}_derender"):
+            body = decode_document(raw, Any, fmt)
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            if route == "chat":
+                return await self.renderer.derender_chat(body)
+            return await self.renderer.derender_completion(body)
 
     def _remember(self, key: Any, result: Any, body: Any, media: Sequence[MediaRef]) -> None:
         # Only answers whose inputs are all in the body: a URL's content may change.
@@ -139,7 +248,8 @@ class RenderService:
             prompt_media = None
             if prepared.images is not None:
                 flat = [r for refs in prepared.images if refs for r in refs]
-                loaded = await self._load_all(flat)
+                prompts = [refs for refs in prepared.images if refs]
+                loaded = await self._load_all(flat, body, prompts)
                 images = await asyncio.gather(
                     *(
                         asyncio.to_thread(self.renderer.load_image, loaded[r.token], self.decoded)
@@ -169,22 +279,42 @@ class RenderService:
 
         return encode
 
-    async def _load_all(self, refs: Sequence[MediaRef]) -> dict[str, bytes]:
-        datas = await asyncio.gather(*(self._load(r) for r in refs))
-        return {r.token: d for r, d in zip(refs, datas, strict=True)}
+    async def _load_all(
+        self, refs: Sequence[MediaRef], body: Any, prompts: Sequence[Sequence[MediaRef]]
+    ) -> dict[str, bytes]:
+        """The bytes of ``refs`` by token, once every header says the request can be served:
+        its media within the decoded budget, each prompt's (``prompts``) images within the
+        context. Nothing is decoded before this returns."""
+        loaded = await asyncio.gather(*(self._load(r) for r in refs))
+        sizes = {r.token: size for r, (_, size) in zip(refs, loaded, strict=True)}
+        check_decoded_budget(list(sizes.values()), self.request_budget)
+        kwargs = body.get("mm_processor_kwargs") or {}
+        for prompt in prompts:
+            check_context_fit(
+                [sizes[r.token] for r in prompt],
+                self.renderer.image_tokens,
+                kwargs,
+                self.renderer.max_model_len,
+            )
+        return {r.token: data for r, (data, _) in zip(refs, loaded, strict=True)}
 
-    async def _load(self, ref: MediaRef) -> bytes:
+    async def _load(self, ref: MediaRef) -> tuple[bytes, MediaSize]:
         data = ref.data if ref.data is not None else await self.loader.load_bytes(ref.url or "")
         # Header-only: a decompression bomb or an hour of video is refused before any pixel
         # is decoded.
         if ref.modality == "image":
-            self.loader.check_image_bytes(data)
+            width, height = self.loader.check_image_bytes(data)
+            size = MediaSize("image", width * height * RGB_BYTES, width, height)
         elif ref.modality == "video":
-            self.renderer.check_video_bytes(data)
+            size = MediaSize("video", self.renderer.check_video_bytes(data))
         elif ref.modality == "audio":
-            self.loader.check_audio_bytes(data)
+            header = self.loader.check_audio_bytes(data)
+            # float32 samples, every channel, as vLLM's decoder returns them.
+            size = MediaSize("audio", header.frames * header.channels * 4)
+        else:
+            raise RuntimeError(f"unknown modality {ref.modality!r}")  # prepare.py makes none
         self.metrics.media_bytes.inc(len(data))
-        return data
+        return data, size
 
     def _account(self, route: str) -> _Accounting:
         return _Accounting(self.metrics, route)

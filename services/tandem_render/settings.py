@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tandem_http import settings_from_json, settings_to_json
 
@@ -45,6 +46,34 @@ class RenderSettings:
     chat_template: str | None = None
     """A chat template file or string overriding the model's."""
 
+    tool_call_parser: str | None = None
+    """vLLM's tool-call parser (e.g. ``hermes``) for the derender routes (``tool_calls`` out of
+    the generated text) and for rendering ``tool_choice: auto``; None: tool calls stay text.
+    vLLM's option of the same name."""
+
+    enable_auto_tool_choice: bool = False
+    """Take ``tool_choice: auto`` (needs ``tool_call_parser``); vLLM's option of the same name."""
+
+    exclude_tools_when_tool_choice_none: bool = False
+    """Leave tool definitions out of the prompt when ``tool_choice`` is ``none`` (vLLM's)."""
+
+    tool_strict_level: str = "auto"
+    """vLLM's server-side floor for structural-tag tool calling: ``auto``, ``function`` or
+    ``parameter`` (vLLM's option of the same name)."""
+
+    reasoning_parser: str | None = None
+    """vLLM's reasoning parser (e.g. ``deepseek_r1``, ``qwen3``): derender splits
+    ``reasoning_content`` off, render resolves ``reasoning_ended``; None: no reasoning split."""
+
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    """Chat template keyword arguments every request starts from (its own override them), e.g.
+    ``{"enable_thinking": false}``; vLLM's option of the same name. None: none."""
+
+    cohere_format: str | None = "cmd4"
+    """The Cohere prompt format (``cmd4`` or ``cmd3``) added to the default chat template
+    kwargs, as vLLM's option of the same name does for every model (other templates ignore it;
+    it shows in render's ``reasoning_parser_kwargs``); None: not added."""
+
     host: str = "127.0.0.1"
     port: int = 8100
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -74,6 +103,13 @@ class RenderSettings:
 
     max_pending: int = 64
     """Requests a worker holds at once (rendering or waiting) before answering 429."""
+
+    max_held_bytes: int | None = None
+    """Bytes of request bodies a worker's admitted requests may hold (by Content-Length,
+    before any is read); past it a request is answered 429 with Retry-After before its body
+    is read, and one declaring more than all of it 413. None: a quarter of the memory limit
+    (the cgroup's, else the host's RAM) shared by the workers; 0: no byte budget. What one
+    request's media decode to is bounded apart (``max_decoded_request_bytes``)."""
 
     item_cache_bytes: int = 128 * 1024 * 1024
     """Bytes of encoded items kept per worker, keyed by mm_hash (media + processor kwargs)."""
@@ -145,6 +181,13 @@ class RenderSettings:
 
     max_decoded_video_bytes: int = 1024 * 1024 * 1024
     """Most bytes of decoded frames (RGB) one video may take."""
+
+    max_decoded_request_bytes: int | None = None
+    """Most bytes all of one request's media may decode to at once (images as RGB, videos'
+    sampled frames as RGB, audio as float32 samples), judged from their headers before any
+    decode. By default the model's own largest image (its processor's ``max_pixels``) times
+    ``max_images_per_prompt``, at 3 bytes a pixel, capped at 1 GiB and never below one image
+    at ``max_image_pixels``."""
 
     max_audio_seconds: float = 600.0
     """Longest audio clip, from its header; the decoder enforces it again (vLLM's default)."""

@@ -7,32 +7,43 @@ The one module of the render service that drives vLLM: requests go through upstr
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-from vllm.entrypoints.openai.models.protocol import BaseModelPath
-from vllm.entrypoints.openai.models.serving import OpenAIModelRegistry
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.scale_out.render.serving import ServingRender
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+    DerenderChatRequest,
+    DerenderChatStreamRequest,
+    DerenderChatStreamResponse,
+    DerenderCompletionRequest,
+    DerenderCompletionStreamRequest,
+    DerenderCompletionStreamResponse,
+)
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     MultiModalFeatures as UpstreamFeatures,
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMClientError
+from vllm.model_executor.models.qwen2_vl import Qwen2VLProcessingInfo
 from vllm.multimodal.media import ImageMediaIO, VideoMediaIO
 from vllm.renderers import renderer_from_config
-from vllm.renderers.chat_utils import load_chat_template
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.utils.async_utils import make_async
 
-from tandem_http import BadRequest, ModelNotFound, PromptTooLong
+from tandem_http import BadRequest, ModelNotFound, PromptTooLong, TokenOutOfVocabulary
 from tandem_http.openapi import REF_TEMPLATE, BodySchemas
+from tandem_vllm.derender import model_registry, online_options, serving_derender
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_vllm.requests import UpstreamGenerateRequest, generate_request_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
@@ -55,6 +66,8 @@ from .render_call import PromptMedia, RenderCall, bound, current
 from .settings import RenderSettings
 
 __all__ = ["EngineRenderer", "ItemEncoder"]
+
+log = logging.getLogger(__name__)
 
 ItemEncoder = Callable[[str, Any], bytes]
 """(mm_hash, vLLM kwargs item) -> encoded item bytes; lets the caller cache by hash."""
@@ -128,6 +141,7 @@ class EngineRenderer:
             # (--enable-mm-embeds), which alone lets an embedding part reach vLLM, checked.
             enable_mm_embeds=True,
             enforce_eager=True,
+            reasoning_parser=settings.reasoning_parser or "",
         )
         model_config = engine_args.create_model_config()
         model_config.quantization = None  # no weights are loaded here
@@ -138,22 +152,17 @@ class EngineRenderer:
         renderer = renderer_from_config(vllm_config)
         if settings.inline_processing:
             _run_inline(renderer)
-        self.online = _MediaOnlineRenderer(
-            model_config=model_config,
-            renderer=renderer,
-            request_logger=None,
-            chat_template=load_chat_template(settings.chat_template),
-            chat_template_content_format="auto",
-            trust_request_chat_template=False,
-            # Per-request processor kwargs are screened against an allowlist before this point.
-            trust_request_mm_kwargs=True,
+        # As `vllm launch render` builds both: the renderer and the derenderer share the
+        # template and the tool/reasoning parser options (one builder, the door's too).
+        shared = online_options(
+            settings, model_config, renderer, vllm_config.structured_outputs_config.reasoning_parser
         )
+        # Per-request processor kwargs are screened against an allowlist before this point.
+        self.online = _MediaOnlineRenderer(**shared, trust_request_mm_kwargs=True)
         self.online.warmup()
-        registry = OpenAIModelRegistry(
-            model_config=model_config,
-            base_model_paths=[BaseModelPath(name=n, model_path=settings.model) for n in names],
-        )
+        registry = model_registry(model_config, names, settings.model)
         self.serving = _CapturingServingRender(registry, self.online)
+        self.derender = serving_derender(registry, shared)
         self.model_config = model_config
         self.max_model_len: int = model_config.max_model_len
         self.vocab_size: int = len(self.online.renderer.get_tokenizer())
@@ -179,15 +188,31 @@ class EngineRenderer:
             limits=settings.media_policy().audio_limits,
             sample_rate=_audio_sample_rate(mm_processor),
         )
+        self._token_rule = _image_token_rule(mm_processor)
 
     def load_image(self, data: bytes, decoded: DecodedCache | None = None) -> Any:
         """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
         return decode_media(ImageMediaIO(), data, decoded)
 
-    def check_video_bytes(self, data: bytes) -> None:
-        """Refuse, from the container's header, a video that would cost too much to decode."""
+    def check_video_bytes(self, data: bytes) -> int:
+        """Refuse, from the container's header, a video that would cost too much to decode;
+        else the bytes its sampled frames decode to."""
         sampled = self._video_frames if self._video_frames > 0 else 2**31
-        check_video_bytes(data, self.video_limits, sampled)
+        return check_video_bytes(data, self.video_limits, sampled)
+
+    def image_tokens(self, width: int, height: int, mm_kwargs: Mapping[str, Any]) -> int | None:
+        """Placeholder tokens of a ``width`` x ``height`` image under the request's
+        ``mm_processor_kwargs``, by vLLM's own resize rule (None: no rule known here)."""
+        if self._token_rule is None:
+            return None
+        info, image_processor = self._token_rule
+        tokens: int = info.get_num_image_tokens(
+            image_width=width,
+            image_height=height,
+            image_processor=image_processor,
+            mm_kwargs=mm_kwargs,
+        )
+        return tokens
 
     def new_decoded_cache(self, budget_bytes: int) -> DecodedCache:
         return DecodedCache(budget_bytes, decoded_size)
@@ -210,11 +235,20 @@ class EngineRenderer:
     ) -> GenerateRequest[bytes | None]:
         """``embeds``: token -> tensor of the request's checked embedding parts (prepare.py)."""
         request = _validate(ChatCompletionRequest, body)
-        call = RenderCall(
-            media=media, embeds=embeds or {}, decoded=decoded, audio=self.audio_decoding
-        )
+        call = self._conversation_call(media, decoded, embeds)
         result = await _in_call(call, self.serving.render_chat_request(request))
         return self._to_wire(result, call.captured[0], encode)
+
+    def _conversation_call(
+        self,
+        media: Mapping[str, bytes],
+        decoded: DecodedCache | None,
+        embeds: Mapping[str, np.ndarray] | None,
+    ) -> RenderCall:
+        """The hand-off of a one-prompt render (chat, Responses, Messages)."""
+        return RenderCall(
+            media=media, embeds=embeds or {}, decoded=decoded, audio=self.audio_decoding
+        )
 
     async def render_completion(
         self,
@@ -226,6 +260,81 @@ class EngineRenderer:
         call = RenderCall(prompt_media=prompt_media)
         results = await _in_call(call, self.serving.render_completion_request(request))
         return [self._to_wire(r, c, encode) for r, c in zip(results, call.captured, strict=True)]
+
+    async def render_responses(
+        self,
+        body: dict[str, Any],
+        media: Mapping[str, bytes],
+        encode: ItemEncoder,
+        decoded: DecodedCache | None = None,
+        *,
+        embeds: Mapping[str, np.ndarray] | None = None,
+    ) -> GenerateRequest[bytes | None]:
+        """A Responses request (its media already tokens naming ``media``), as upstream."""
+        request = _validate(ResponsesRequest, body)
+        call = self._conversation_call(media, decoded, embeds)
+        result = await _in_call(call, self.serving.render_responses_request(request))
+        wire = self._to_wire(result, call.captured[0], encode)
+        # Upstream's Responses render passes the caller's transfer parameters on.
+        return msgspec.structs.replace(
+            wire,
+            kv_transfer_params=result.kv_transfer_params,
+            ec_transfer_params=result.ec_transfer_params,
+        )
+
+    async def render_messages(
+        self,
+        body: dict[str, Any],
+        media: Mapping[str, bytes],
+        encode: ItemEncoder,
+        decoded: DecodedCache | None = None,
+        *,
+        embeds: Mapping[str, np.ndarray] | None = None,
+    ) -> GenerateRequest[bytes | None]:
+        """An Anthropic Messages request (its media already tokens naming ``media``)."""
+        request = _validate(AnthropicMessagesRequest, body)
+        call = self._conversation_call(media, decoded, embeds)
+        result = await _in_call(call, self.serving.render_messages_request(request))
+        return self._to_wire(result, call.captured[0], encode)
+
+    async def derender_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A generate answer (whole, or one streamed chunk with its ``stream_state``) as a
+        chat completion, through upstream's ``ServingDerender``: upstream's answer as JSON."""
+        if body.get("stream") is True:
+            chunk = _validate(DerenderChatStreamRequest, body)
+            self._check_ids(chunk)
+            part, state = await _derender_call(self.derender.derender_chat_stream_response(chunk))
+            return DerenderChatStreamResponse(chunk=part, stream_state=state).model_dump()
+        whole = _validate(DerenderChatRequest, body)
+        self._check_ids(whole)
+        answer: Any = await _derender_call(self.derender.derender_chat_response(whole))
+        return dict(answer.model_dump())
+
+    async def derender_completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The completions counterpart of ``derender_chat``."""
+        if body.get("stream") is True:
+            chunk = _validate(DerenderCompletionStreamRequest, body)
+            self._check_ids(chunk)
+            part, state = await _derender_call(
+                self.derender.derender_completion_stream_response(chunk)
+            )
+            return DerenderCompletionStreamResponse(chunk=part, stream_state=state).model_dump()
+        whole = _validate(DerenderCompletionRequest, body)
+        self._check_ids(whole)
+        answer: Any = await _derender_call(self.derender.derender_completion_response(whole))
+        return dict(answer.model_dump())
+
+    def _check_ids(self, request: Any) -> None:
+        """Every token id the caller hands to the tokenizer is in its vocabulary: upstream
+        decodes them unchecked (an id past the end is an IndexError there, a 500)."""
+        for where, ids in _derender_token_ids(request):
+            for t in ids:
+                if not 0 <= t < self.vocab_size:
+                    raise TokenOutOfVocabulary(
+                        f"{where}: token id {t} is outside the vocabulary (size {self.vocab_size})"[
+                            :300
+                        ]
+                    )
 
     def _metadata_fields(self, modality: str) -> Collection[str]:
         return self.serving._placeholder_metadata_fields(modality)
@@ -241,6 +350,43 @@ class EngineRenderer:
             with_tensors=mm_payload == "tensors",
         )
         return generate_request_to_wire(req, features)
+
+
+async def _derender_call(awaitable: Any) -> Any:
+    """``_call`` for a derender: everything it reads is the caller's (token ids, logprobs,
+    stream state), so what vLLM's detokenizer and parsers raise on it is the input's fault:
+    a 400, as upstream answers a failed stream replay, rather than upstream's 500s."""
+    try:
+        return await _call(awaitable)
+    except (ValueError, TypeError, KeyError, IndexError, AssertionError, OverflowError) as exc:
+        log.info("derender failed on its input: %s: %s", type(exc).__name__, _first_arg(exc))
+        raise BadRequest(f"derender failed on this input ({type(exc).__name__})") from None
+
+
+def _derender_token_ids(request: Any) -> list[tuple[str, Sequence[int]]]:
+    """(where, ids) of every token id list in a derender request."""
+    found: list[tuple[str, Sequence[int]]] = []
+    responses = getattr(request, "generate_responses", None)
+    if responses is None:
+        one = getattr(request, "generate_response", None) or request.generate_chunk
+        responses = [one]
+    for r, response in enumerate(responses):
+        found.append((f"generate_responses[{r}].prompt_token_ids", response.prompt_token_ids or []))
+        for choice in response.choices:
+            where = f"choices[{choice.index}]"
+            found.append((f"{where}.token_ids", choice.token_ids or []))
+            content = choice.logprobs.content if choice.logprobs is not None else None
+            for entry in content or []:
+                found.append((f"{where}.logprobs", [entry.token_id]))
+                found.append((f"{where}.top_logprobs", [e.token_id for e in entry.top_logprobs]))
+    prompt = request.prompt_token_ids
+    for ids in prompt if prompt and not isinstance(prompt[0], int) else [prompt]:
+        found.append(("prompt_token_ids", ids or []))
+    state = getattr(request, "stream_state", None)
+    if state is not None:
+        found.append(("stream_state.output_token_ids", state.output_token_ids))
+        found.append(("stream_state.logprob_context_token_ids", state.logprob_context_token_ids))
+    return found
 
 
 def _first_arg(exc: BaseException) -> str:
@@ -294,6 +440,15 @@ def _embeds_specs(mm_processor: Any, model_config: Any, merge: Any) -> dict[str,
         max_rows=int(model_config.max_model_len),
     )
     return {"image": spec}
+
+
+def _image_token_rule(mm_processor: Any) -> tuple[Any, Any] | None:
+    """vLLM's processing info and image processor where its image token count follows from
+    the image's size alone (the Qwen-VL family's smart_resize); None for other models."""
+    info = getattr(mm_processor, "info", None)
+    if not isinstance(info, Qwen2VLProcessingInfo):
+        return None
+    return info, info.get_image_processor()
 
 
 def _audio_sample_rate(mm_processor: Any) -> int | None:
@@ -376,12 +531,23 @@ async def _call(awaitable: Any) -> Any:
     return result
 
 
-def body_schemas(chat_path: str, completion_path: str) -> BodySchemas:
-    """The JSON Schemas of the bodies render takes: vLLM's own chat and completion requests."""
+BODY_MODELS: dict[str, Any] = {
+    "chat": ChatCompletionRequest,
+    "completion": CompletionRequest,
+    "responses": ResponsesRequest,
+    "messages": AnthropicMessagesRequest,
+    "chat_derender": DerenderChatRequest | DerenderChatStreamRequest,
+    "completion_derender": DerenderCompletionRequest | DerenderCompletionStreamRequest,
+}
+"""The body each render route takes, by route kind: vLLM's own request models."""
+
+
+def body_schemas(paths: Mapping[str, str]) -> BodySchemas:
+    """The JSON Schemas of the bodies render takes (``paths``: route kind -> path), made in
+    one go so that pydantic names apart the definitions of one name that differ (vLLM's
+    ``Logprob`` of the derender bodies and of the others)."""
     template = REF_TEMPLATE.replace("{name}", "{model}")  # pydantic's placeholder
-    return BodySchemas.of_json_schemas(
-        {
-            chat_path: ChatCompletionRequest.model_json_schema(ref_template=template),
-            completion_path: CompletionRequest.model_json_schema(ref_template=template),
-        }
-    )
+    inputs = [(path, "validation", TypeAdapter(BODY_MODELS[kind])) for kind, path in paths.items()]
+    by_key, top = TypeAdapter.json_schemas(inputs, ref_template=template)  # type: ignore[arg-type]
+    bodies = {path: dict(by_key[(path, "validation")]) for path in paths.values()}
+    return BodySchemas(bodies, dict(top.get("$defs", {})))

@@ -40,8 +40,11 @@ from tandem_wire import (
     error_types,
 )
 
+from . import fleet
+from .discovery import Admission, NodeSource
 from .errors import (
     CacheMissError,
+    FleetPartialFailure,
     PayloadTooLargeError,
     ServerError,
     ServiceError,
@@ -51,7 +54,7 @@ from .errors import (
 )
 from .media import ImageLike, image_source
 from .rollout import RolloutResult, rollout
-from .routing import ROUTE_KEY_HEADER, RoundRobin, affinity_key, rendezvous_order
+from .routing import ROUTE_KEY_HEADER, RoundRobin, affinity_key
 from .weights import write_safetensors
 
 __all__ = ["AsyncTandemClient"]
@@ -119,15 +122,21 @@ class AsyncTandemClient:
     machine) for 32-55% fewer bytes on real photographs: worth it on links slower than a few
     Gbit/s, not on a fast local network. Answers are decoded with
     their size capped at ``max_answer_bytes`` before anything is allocated.
+
+    ``api_key`` is sent on every call; ``admin_api_key`` (one of the nodes' ``--admin-api-key``)
+    instead of it on the calls that change engine state (``pause``, ``resume``,
+    ``update_weights``), so that a trainer can hold both: its rollouts run under the
+    inference key. Without it those calls send ``api_key``.
     """
 
     def __init__(
         self,
         render_urls: str | Sequence[str],
-        generate_urls: str | Sequence[str],
+        generate_urls: str | Sequence[str] | NodeSource,
         *,
         model: str | None = None,
         api_key: str | None = None,
+        admin_api_key: str | None = None,
         binary: bool = True,
         timeout_s: float = 600.0,
         max_concurrency: int = 64,
@@ -160,20 +169,38 @@ class AsyncTandemClient:
             self._render_headers["accept-encoding"] = self.compression
             self._render_headers[BODY_CODING_HEADER] = self.compression
         self.render_nodes = RoundRobin(_strings(render_urls))
-        self.generate_urls = _strings(generate_urls)
+        # dns+http://NAME:PORT entries are looked up at the first call and again once the
+        # source's interval has passed (see tandem_client.discovery).
+        self._generate_source = (
+            generate_urls
+            if isinstance(generate_urls, NodeSource)
+            else NodeSource(_strings(generate_urls))
+        )
+        self._admission = Admission()
+        self._discovering = asyncio.Lock()
         self.max_retries = max_retries
         self.backoff_s = backoff_s
-        self._held = {url: _Held(held_items_per_node) for url in self.generate_urls}
+        self._held_items_per_node = held_items_per_node
+        self._held: dict[str, _Held] = {}
         self.node_cooldown_s = node_cooldown_s
-        self._down_until: dict[str, float] = {}
+        self._nodes: dict[str, fleet.Node] = {}
+        # Nodes that failed since they last told their weight version: asked before new work
+        # (a node that comes back is a new process, maybe with its checkpoint's weights).
+        self._suspect: set[str] = set()
         # Per generate node: whether it decodes zstd bodies (absent: not asked yet).
         self._zstd_nodes: dict[str, bool] = {}
-        self._probes = {url: asyncio.Lock() for url in self.generate_urls}
+        self._probes: dict[str, asyncio.Lock] = {}
+        self.generate_urls: list[str] = []
+        self._generate_nodes_are(self._generate_source.urls)
         self._slots = asyncio.Semaphore(max_concurrency)
         # Answers come uncompressed unless asked for (httpx would offer every coding it has).
         headers = {"accept-encoding": IDENTITY}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
+        # httpx merges these over the client's own headers on each control call.
+        self._control_headers = (
+            {"authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
+        )
         self._http = httpx.AsyncClient(
             timeout=timeout_s,
             headers=headers,
@@ -355,13 +382,46 @@ class AsyncTandemClient:
         return self._nodes_for(request)[0]
 
     def _nodes_for(self, request: GenerateRequest[Any]) -> list[str]:
-        key = _route_key(request)
-        now = time.monotonic()
-        order = rendezvous_order(key, self.generate_urls)
-        return sorted(order, key=lambda url: self._down_until.get(url, 0.0) > now)
+        """Admitted, unfenced nodes in the request's rendezvous order (``tandem_client.fleet``)."""
+        nodes = [self._nodes[u] for u in self.generate_urls if self._admission.admitted(u)]
+        return [n.url for n in fleet.rendezvous_nodes(_route_key(request), nodes, time.monotonic())]
+
+    def _fenced(self, url: str) -> bool:
+        return any(n.url == url for n in fleet.fenced(list(self._nodes.values())))
+
+    def _generate_nodes_are(self, urls: Sequence[str]) -> None:
+        """The generate node set is now ``urls``: nodes that stay keep what this client knows
+        of them; a node that left is forgotten (back at the same address, it is a new process
+        that holds nothing)."""
+        self.generate_urls = list(urls)
+        self._admission.nodes_changed(urls)
+        for state in (self._held, self._probes, self._zstd_nodes, self._nodes):
+            for gone in set(state) - set(urls):
+                del state[gone]
+        self._suspect &= set(urls)
+        for url in urls:
+            self._nodes.setdefault(url, fleet.Node(url))
+            self._held.setdefault(url, _Held(self._held_items_per_node))
+            self._probes.setdefault(url, asyncio.Lock())
+
+    async def _discover(self) -> None:
+        """Look the generate names up again once their interval has passed; a node that
+        joined gets requests once it reports the fleet's weight version (``Admission``)."""
+        source = self._generate_source
+        if not source.due():
+            return
+        async with self._discovering:
+            if not source.due():
+                return  # another call looked them up meanwhile
+            if await source.refresh():
+                self._generate_nodes_are(source.urls)
+            if self._admission.pending:
+                nodes = [self._nodes[u] for u in self.generate_urls]
+                self._admission.check(fleet.told_versions(await self._refresh_versions(nodes)))
 
     def _node_failed(self, url: str) -> None:
-        self._down_until[url] = time.monotonic() + self.node_cooldown_s
+        self._nodes[url].cool_down(time.monotonic(), self.node_cooldown_s)
+        self._suspect.add(url)
         # A node that comes back is a new process: it holds nothing we sent before (and may
         # be another version: its codings are asked again).
         self._held[url].clear()
@@ -413,10 +473,18 @@ class AsyncTandemClient:
                 request, sampling_params={**request.sampling_params, **sampling}
             )
             raw = None  # render's bytes no longer say what is asked
+        await self._discover()
         failure: TandemError = TransportError("no generate node is configured")
         for attempt in range(self.max_retries + 1):
             # Every node once, best first; then wait and go round again (nodes restart).
             for url in self._nodes_for(request):
+                node = self._nodes[url]
+                if url in self._suspect and node.down_until <= time.monotonic():
+                    # Back after its cool-down: a restarted node holds its checkpoint's
+                    # weights, maybe not the fleet's (no engine restarts within a cool-down).
+                    await self._refresh_versions([node])
+                    if self._fenced(url):
+                        continue
                 try:
                     return await self._generate_on(url, request, raw)
                 except (TransportError, ServerError) as exc:
@@ -493,7 +561,9 @@ class AsyncTandemClient:
     ) -> Any:
         """One control call (JSON, as vLLM's own routes take them); errors are typed."""
         try:
-            r = await self._http.post(f"{url}{path}", json=body, params=params)
+            r = await self._http.post(
+                f"{url}{path}", json=body, params=params, headers=self._control_headers
+            )
         except httpx.TransportError as exc:
             raise TransportError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
         if r.status_code >= 400:
@@ -503,11 +573,37 @@ class AsyncTandemClient:
     async def _on_every_node(
         self, path: str, body: Any = None, params: dict[str, Any] | None = None
     ) -> list[Any]:
+        await self._discover()
         return list(
             await asyncio.gather(
                 *(self._control(u, path, body, params) for u in self.generate_urls)
             )
         )
+
+    async def _ask(self, node: fleet.Node, method: str, path: str, body: bytes) -> fleet.NodeAnswer:
+        """``fleet.Ask`` over this client's connections (JSON bodies, as vLLM's routes)."""
+        # Every POST here changes engine state (the update's steps): the admin key goes.
+        headers = dict(self._control_headers) if method == "POST" else {}
+        if body:
+            headers["content-type"] = "application/json"
+        try:
+            r = await self._http.request(method, f"{node.url}{path}", content=body, headers=headers)
+        except httpx.TransportError as exc:
+            self._node_failed(node.url)
+            return fleet.NodeAnswer(node.url, 0, f"{type(exc).__name__}: {exc}")
+        try:
+            return fleet.NodeAnswer(node.url, r.status_code, r.json())
+        except ValueError:
+            return fleet.NodeAnswer(node.url, r.status_code, r.text[:200])
+
+    async def _refresh_versions(self, nodes: Sequence[fleet.Node]) -> list[fleet.NodeAnswer]:
+        """Ask ``nodes`` their weight versions (a node that does not answer keeps what it told)."""
+        path = fleet.WEIGHT_INFO_PATH
+        answers = await fleet.fan_out(self._ask, nodes, "GET", path, [b""] * len(nodes))
+        for node, answer in zip(nodes, answers, strict=True):
+            if answer.ok and node.learn(answer.body):
+                self._suspect.discard(node.url)
+        return answers
 
     async def pause(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
         """Pause generation on every node (vLLM's modes: ``keep`` freezes requests in flight
@@ -520,13 +616,19 @@ class AsyncTandemClient:
 
     async def weight_versions(self) -> dict[str, str]:
         """Each node's current weight version, by URL."""
-        out = {}
-        for url in self.generate_urls:
-            r = await self._http.get(f"{url}/weight_info")
-            if r.status_code >= 400:
-                raise error_from_response(r.status_code, _error_body(r), url)
-            out[url] = str(r.json()["weight_version"])
-        return out
+        await self._discover()
+        nodes = [self._nodes[u] for u in self.generate_urls]
+        for answer in await self._refresh_versions(nodes):
+            if not answer.ok:
+                if answer.status == 0:
+                    raise TransportError(f"{answer.url}/weight_info: {answer.body}")
+                raise error_from_response(answer.status, answer.body, answer.url)
+        return {n.url: str(n.weight_version) for n in nodes}
+
+    def fenced(self) -> list[str]:
+        """The generate nodes that get no requests: they do not hold the fleet's version (as
+        last told; see ``tandem_client.fleet``)."""
+        return [n.url for n in fleet.fenced(list(self._nodes.values()))]
 
     async def update_weights(
         self,
@@ -539,84 +641,95 @@ class AsyncTandemClient:
         ``weights`` maps checkpoint names (as in the model's safetensors files) to tensors
         (numpy arrays or torch tensors); it may be part of the model, in whole layers. They
         are written once into ``weight_dir`` (the folder the nodes were started with as
-        ``--weight-transfer-dir``; see ``tandem_client.weights``), then each node runs
-        start -> update -> finish. A refused update raises WeightUpdateError: the nodes check
-        the same file against the same model, so they refuse it alike, and nothing is
-        loaded. Requests running meanwhile finish on the weights they started with or, if
-        the nodes were paused with ``keep``, continue on the new ones from ``resume``.
+        ``--weight-transfer-dir``; see ``tandem_client.weights``), then the nodes run
+        start -> update -> finish as ``tandem_client.fleet`` says: the update starts on every
+        node or on none; a node whose update or finish fails while others load the weights is
+        fenced (gets no requests from this client) until it holds the new version, and
+        FleetPartialFailure names each such node's own failure. A file every node refuses
+        alike raises that refusal (WeightUpdateError) and nothing is loaded anywhere.
+        Requests running meanwhile go on under the new weights once they are loaded: each node
+        resets its prefix cache (preempting running requests, which recompute their KV under
+        the new weights), and each completion's ``weight_versions`` names the tokens each
+        version produced. Pause the nodes first for completions of one version only.
         """
         if self.weight_dir is None:
             raise ValueError("update_weights needs the client's weight_dir (the shared folder)")
+        await self._discover()
         path = await asyncio.to_thread(write_safetensors, weights, self.weight_dir)
         try:
-            await self._on_every_node("/start_weight_update", {})
-            updates = await asyncio.gather(
-                *(
-                    self._control(u, "/update_weights", {"update_info": {"path": path.name}})
-                    for u in self.generate_urls
-                ),
-                return_exceptions=True,
-            )
-            # Every node's update ends, refused or not, so none is left mid-update; only a
-            # complete update is labelled.
-            ok = not any(isinstance(u, BaseException) for u in updates)
-            body = {"weight_version": version if ok else None}
-            await self._on_every_node("/finish_weight_update", body)
-            for u in updates:
-                if isinstance(u, BaseException):
-                    raise u
+            await self._update_everywhere(path.name, version)
         finally:
             path.unlink(missing_ok=True)  # each node copied the tensors at update_weights
+
+    async def _update_everywhere(self, name: str, version: str | None) -> None:
+        nodes = list(self._nodes.values())
+        await self._refresh_versions(nodes)
+        answers = await fleet.start_everywhere(self._ask, nodes)
+        failed = fleet.update_failures(nodes, answers)
+        if failed:
+            raise _fleet_failure("start", failed, nodes, "undone on every node that started")
+        steps: list[tuple[str, fleet.NodeAnswer]] = []
+        going = [n for n, a in zip(nodes, answers, strict=True) if a.ok]
+        body = msgspec.json.encode({"update_info": {"path": name}})
+        answers = await fleet.fan_out(
+            self._ask, going, "POST", fleet.UPDATE_PATH, [body] * len(going)
+        )
+        refused = [a for a in answers if not a.ok]
+        if refused and len(refused) == len(going) and len({a.status for a in refused}) == 1:
+            # Every node refused the file alike (it is checked against the same model).
+            await fleet.fan_out(self._ask, going, "POST", fleet.ABORT_PATH, [b""] * len(going))
+            first = refused[0]
+            if first.status:
+                raise error_from_response(first.status, first.body, first.url)
+        steps += [("update", a) for a in fleet.update_failures(going, answers)]
+        dropped = [n for n, a in zip(going, answers, strict=True) if not a.ok]
+        # A node that failed its chunk is left mid-update no longer (harmless when it is not).
+        await fleet.fan_out(self._ask, dropped, "POST", fleet.ABORT_PATH, [b""] * len(dropped))
+        going = [n for n, a in zip(going, answers, strict=True) if a.ok]
+        body = msgspec.json.encode({"weight_version": version})
+        answers = await fleet.fan_out(
+            self._ask, going, "POST", fleet.FINISH_PATH, [body] * len(going)
+        )
+        steps += [("finish", a) for a in fleet.update_failures(going, answers)]
+        await self._refresh_versions(nodes)
+        self._suspect.update(n.url for n in fleet.fenced(nodes))
+        failures = [{**a.summary(), "step": step} for step, a in steps]
+        if failures:
+            raise _fleet_failure("update", failures, nodes, "")
 
     async def chat(
         self, messages: list[dict[str, Any]], *, model: str | None = None, **fields: Any
     ) -> GenerateResponse:
-        """Render then generate. The render output is posted on as it came unless it does not
-        carry a sampling field the caller asked for (render leaves out values equal to vLLM's
-        defaults); then that field is written into the generate request explicitly."""
+        """Render then generate, the render output posted on as it came: its sampling is vLLM's
+        own ``to_sampling_params`` of ``fields`` (``max_tokens`` clamped to the room left, the
+        model's default stop tokens merged in), which the caller's raw fields would undo."""
         request, raw = await self._render_chat(messages, model=model, **fields)
-        asked = chat_sampling_fields(fields)
-        missing = {k: v for k, v in asked.items() if request.sampling_params.get(k, _ABSENT) != v}
-        return await self._generate(request, raw, missing)
+        return await self._generate(request, raw, {})
 
 
-_ABSENT = object()
-
-# Chat-request fields that are vLLM SamplingParams fields of the same name and meaning.
-_SAME_NAME_SAMPLING_FIELDS = (
-    "n",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "min_tokens",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "include_stop_str_in_output",
-    "prompt_logprobs",
-)
-
-
-def chat_sampling_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
-    """The SamplingParams fields an OpenAI-style chat request asks for, as vLLM maps them."""
-    out = {k: fields[k] for k in _SAME_NAME_SAMPLING_FIELDS if fields.get(k) is not None}
-    if isinstance(out.get("stop"), str):
-        out["stop"] = [out["stop"]]
-    max_tokens = fields.get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = fields.get("max_tokens")
-    if max_tokens is not None:
-        out["max_tokens"] = max_tokens
-    if fields.get("logprobs"):
-        out["logprobs"] = fields.get("top_logprobs") or 0
-    return out
+def _fleet_failure(
+    step: str,
+    failed: Sequence[fleet.NodeAnswer | dict[str, Any]],
+    nodes: Sequence[fleet.Node],
+    note: str,
+) -> FleetPartialFailure:
+    """The caller's error for a fleet update: each failing node's own answer, the fleet's
+    version and the fenced nodes after it."""
+    named = [f if isinstance(f, dict) else {**f.summary(), "step": step} for f in failed]
+    names = ", ".join(
+        f"{f['url']} ({f['step']}: {f['status'] or 'unreachable'} {f['type']})" for f in named
+    )
+    return FleetPartialFailure(
+        f"weight update failed on {len(named)} of {len(nodes)} generate nodes: {names}"
+        + (f" ({note})" if note else ""),
+        type=error_types.CONTROL_PARTIAL_FAILURE,
+        status_code=502,
+        details={
+            "failed": named,
+            "weight_version": fleet.fleet_version(nodes),
+            "fenced": [n.url for n in fleet.fenced(nodes)],
+        },
+    )
 
 
 def _drop_none(body: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ TandemError
  +-- TransportError            connection failures and timeouts, after the retries
  +-- ServiceError              an HTTP error answer; .type, .status_code, .details, .request_id
       +-- BadRequestError          4xx input errors (never retried)
-      |    +-- AuthenticationError     401 unauthorized
+      |    +-- AuthenticationError     401 unauthorized, 403 admin_required
       |    +-- ModelNotFoundError      404 model_not_found
       |    +-- PayloadTooLargeError    413 (body, media, image, item limits)
       |    +-- MediaError              the media could not be fetched or decoded
@@ -12,6 +12,8 @@ TandemError
  |    +-- WeightUpdateError       a weight update refused (bad file, out of order, no backend)
       +-- OverloadedError          429 overloaded (retried with backoff)
       +-- ServerError              5xx (503 retried with backoff)
+           +-- FleetPartialFailure     502 control_partial_failure: a call to every generate
+                                       node failed on some (.failed names each one's own answer)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "WeightUpdateError",
     "OverloadedError",
     "ServerError",
+    "FleetPartialFailure",
     "error_from_response",
 ]
 
@@ -72,7 +75,7 @@ class BadRequestError(ServiceError):
 
 
 class AuthenticationError(BadRequestError):
-    """Missing or wrong API key."""
+    """Missing or wrong API key, or an inference key where an admin key is needed."""
 
 
 class ModelNotFoundError(BadRequestError):
@@ -108,8 +111,20 @@ class ServerError(ServiceError):
     """A 5xx answer: the service failed or is not ready."""
 
 
+class FleetPartialFailure(ServerError):
+    """A call made on every generate node failed on some of them: ``failed`` lists each with
+    its ``url``, ``status`` (0: unreachable), error ``type`` and ``message``; for a weight
+    update also which ``step``, and ``details`` the fleet's ``weight_version`` and the nodes
+    ``fenced`` after it (see ``tandem_client.fleet``)."""
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return list(self.details.get("failed") or [])
+
+
 _BY_TYPE: dict[str, type[ServiceError]] = {
     error_types.UNAUTHORIZED: AuthenticationError,
+    error_types.ADMIN_REQUIRED: AuthenticationError,
     error_types.MODEL_NOT_FOUND: ModelNotFoundError,
     error_types.MM_CACHE_MISS: CacheMissError,
     error_types.OVERLOADED: OverloadedError,
@@ -126,6 +141,8 @@ _BY_TYPE: dict[str, type[ServiceError]] = {
     error_types.WEIGHT_PATH_NOT_ALLOWED: WeightUpdateError,
     error_types.WEIGHT_UPDATE_CONFLICT: WeightUpdateError,
     error_types.WEIGHT_TRANSFER_NOT_CONFIGURED: WeightUpdateError,
+    error_types.WEIGHT_CHECKPOINT_UNAVAILABLE: WeightUpdateError,
+    error_types.CONTROL_PARTIAL_FAILURE: FleetPartialFailure,
 }
 """The types with an exception of their own; any other maps by status (5xx, 429, else 4xx)."""
 

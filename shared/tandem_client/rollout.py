@@ -99,8 +99,8 @@ async def rollout(
         "logprobs": logprobs,
         "seed": seed,
     }
-    # Sent to generate explicitly, whatever render writes: render leaves out values equal to
-    # vLLM's defaults, and an absent field may mean something else on the generate side.
+    # Render resolves them (vLLM's own to_sampling_params: max_tokens clamped to the room
+    # left) and writes every one generate must read; generate takes its document as it is.
     sampling = {k: v for k, v in sampling.items() if v is not None}
     bar = _progress(len(prompts), progress)
 
@@ -114,7 +114,7 @@ async def rollout(
             mm_processor_kwargs=mm_processor_kwargs,
             **sampling,
         )
-        answers = await asyncio.gather(*(client.generate(r, **sampling) for r in requests))
+        answers = await asyncio.gather(*(client.generate(r) for r in requests))
         bar.update(len(batch))
         return [(list(r.token_ids), a) for r, a in zip(requests, answers, strict=True)]
 

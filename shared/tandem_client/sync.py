@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from tandem_wire import GenerateRequest, GenerateResponse
 
 from .client import AsyncTandemClient
+from .discovery import NodeSource
 from .rollout import RolloutResult
 
 __all__ = ["TandemClient"]
@@ -21,7 +22,10 @@ class TandemClient:
     """Blocking calls with the same arguments as AsyncTandemClient's (see there)."""
 
     def __init__(
-        self, render_urls: str | Sequence[str], generate_urls: str | Sequence[str], **kwargs: Any
+        self,
+        render_urls: str | Sequence[str],
+        generate_urls: str | Sequence[str] | NodeSource,
+        **kwargs: Any,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(

@@ -1,11 +1,22 @@
 """tandem_http: HTTP plumbing shared by the render and generate services (no vLLM, no torch)."""
 
-from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted
-from .auth import ApiKeyMiddleware, api_keys, principal_of
+from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted, slot_of
+from .auth import (
+    ADMIN_KEY_ENV,
+    ApiKeyMiddleware,
+    ControlAccess,
+    api_keys,
+    is_admin,
+    keys_from_env,
+    principal_of,
+)
 from .body import (
+    CONTROL_BODY_BYTES,
+    MAX_BODY_HEADER,
     AcceptEncodingMiddleware,
     BodyTooLarge,
     PartsResponse,
+    body_chunks,
     negotiate,
     read_body,
     read_raw_body,
@@ -13,7 +24,9 @@ from .body import (
 )
 from .draining import DRAINING_HEADER, Drain, DrainingConfig, DrainingServer
 from .errors import (
+    AdminRequired,
     BadRequest,
+    ControlRoutesDisabled,
     MmEmbedsDisabled,
     ModelNotFound,
     Overloaded,
@@ -24,6 +37,7 @@ from .errors import (
     error_response,
     install_error_handlers,
 )
+from .host_memory import default_held_bytes, held_bytes_budget, memory_limit
 from .memory import keep_freed_memory, pretouch, startup_objects_frozen
 from .metrics import (
     MULTIPROC_ENV,
@@ -43,13 +57,19 @@ from .settings_json import (
 )
 
 __all__ = [
+    "ADMIN_KEY_ENV",
+    "CONTROL_BODY_BYTES",
     "DRAINING_HEADER",
+    "MAX_BODY_HEADER",
     "MULTIPROC_ENV",
     "REQUEST_ID_HEADER",
     "AcceptEncodingMiddleware",
+    "AdminRequired",
     "AdmissionGate",
     "ApiKeyMiddleware",
     "BadRequest",
+    "ControlAccess",
+    "ControlRoutesDisabled",
     "MmEmbedsDisabled",
     "BodyTooLarge",
     "Drain",
@@ -64,6 +84,11 @@ __all__ = [
     "Slot",
     "admitted",
     "api_keys",
+    "is_admin",
+    "keys_from_env",
+    "body_chunks",
+    "default_held_bytes",
+    "held_bytes_budget",
     "TokenOutOfVocabulary",
     "TooManyItems",
     "error_body",
@@ -71,6 +96,7 @@ __all__ = [
     "install_error_handlers",
     "keep_freed_memory",
     "mark_process_dead",
+    "memory_limit",
     "metrics_registry",
     "metrics_response",
     "models_response",
@@ -88,5 +114,6 @@ __all__ = [
     "settings_from_cli",
     "settings_from_json",
     "settings_to_json",
+    "slot_of",
     "wire_response",
 ]

@@ -3,7 +3,7 @@ wire-encoded responses."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -21,10 +21,15 @@ from tandem_wire import (
     format_of_content_type,
 )
 
+from .admission import slot_of
+
 __all__ = [
     "AcceptEncodingMiddleware",
+    "CONTROL_BODY_BYTES",
     "BodyTooLarge",
+    "MAX_BODY_HEADER",
     "PartsResponse",
+    "body_chunks",
     "negotiate",
     "read_body",
     "read_raw_body",
@@ -34,6 +39,16 @@ __all__ = [
 REQUEST_CODINGS = ZSTD
 """The request content codings every Tandem service decodes, as its answers advertise them in
 ``Accept-Encoding`` (RFC 7694): senders compress only toward a node that says this."""
+
+
+MAX_BODY_HEADER = "x-tandem-max-body-bytes"
+"""Set by a node on its ``/health`` answer: the largest request body it takes (a front door
+learns its generate nodes' cap from it)."""
+
+
+CONTROL_BODY_BYTES = 16 * 1024 * 1024
+"""Largest control-route body (a weight update names its tensors, not their bytes), on a
+generate node and on the front door that fans the route out to it."""
 
 
 class BodyTooLarge(PayloadTooLarge):
@@ -50,29 +65,47 @@ class BodyTooLarge(PayloadTooLarge):
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """The whole body decoded from its ``Content-Encoding``, at most ``max_bytes`` both as sent
     and decoded (413 ``payload_too_large``; a zstd bomb is refused before it is inflated). An
-    unknown coding is 415 ``unsupported_content_encoding`` before the body is read."""
+    unknown coding is 415 ``unsupported_content_encoding`` before the body is read. Under
+    ``admitted``, a decoded copy is charged to the request's slot too."""
     coding = body_coding(request.headers.get("content-encoding"))
-    return decode_body(await read_raw_body(request, max_bytes), coding, max_bytes)
+    raw = await read_raw_body(request, max_bytes)
+    plain = decode_body(raw, coding, max_bytes)
+    slot = slot_of(request)
+    if slot is not None and plain is not raw:
+        slot.charge(len(plain))
+    return plain
 
 
 async def read_raw_body(request: Request, max_bytes: int) -> bytes:
     """The whole body as sent (still encoded), refusing more than ``max_bytes`` without
-    buffering the excess.
+    buffering the excess (see ``body_chunks``)."""
+    return b"".join([chunk async for chunk in body_chunks(request, max_bytes)])
 
-    Content-Length is checked before reading; chunked or lying bodies are cut off as soon as
-    the running total passes the limit.
+
+def body_chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
+    """The body as it arrives, at most ``max_bytes`` (413 ``payload_too_large``).
+
+    Content-Length is checked now, before anything is read; chunked or lying bodies are cut
+    off as soon as the running total passes the limit. Under ``admitted``, each chunk is
+    charged to the request's slot, which refuses it (429) once the process's byte budget is
+    spent.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise BodyTooLarge(max_bytes)
-    chunks: list[bytes] = []
+    return _chunks(request, max_bytes)
+
+
+async def _chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
+    slot = slot_of(request)
     total = 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > max_bytes:
             raise BodyTooLarge(max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if slot is not None:
+            slot.read(len(chunk))
+        yield chunk
 
 
 def negotiate(request: Request) -> tuple[WireFormat, WireFormat]:

@@ -35,7 +35,9 @@ from tandem_wire import (
 from .request_id import REQUEST_ID_HEADER, request_id_of
 
 __all__ = [
+    "AdminRequired",
     "BadRequest",
+    "ControlRoutesDisabled",
     "MmEmbedsDisabled",
     "ModelNotFound",
     "Overloaded",
@@ -92,6 +94,22 @@ class Overloaded(TandemHTTPError):
 
     status_code = 429
     type = error_types.OVERLOADED
+
+
+class AdminRequired(TandemHTTPError):
+    """A route that changes engine state (pause, abort, weight updates, cache reset) called
+    with an inference key: it needs an admin key (``--admin-api-key``); nothing was done."""
+
+    status_code = 403
+    type = error_types.ADMIN_REQUIRED
+
+
+class ControlRoutesDisabled(TandemHTTPError):
+    """A route that changes engine state on a server with no key at all: refused unless the
+    operator passed ``--enable-control-routes``."""
+
+    status_code = 403
+    type = error_types.CONTROL_ROUTES_DISABLED
 
 
 _HTTP_TYPES = {

@@ -22,8 +22,10 @@ def service_app(
     title: str,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
     api_key: str | Sequence[str] | None,
+    admin_key: str | Sequence[str] | None = None,
 ) -> FastAPI:
-    """An app with the API-key check (``/health`` open), request ids, the error handlers and
+    """An app with the API-key check (``/health`` open; ``admin_key``: the keys that may also
+    change engine state, see ``ControlAccess``), request ids, the error handlers and
     ``Accept-Encoding: zstd`` on every answer (its routes read bodies with ``read_body``, which
     decodes them). FastAPI's own schema route is off: its routes read raw wire bodies, so each
     service serves a document with their schemas filled in (``tandem_http.openapi``). While it
@@ -37,7 +39,9 @@ def service_app(
                 yield
 
     app = FastAPI(title=title, lifespan=serving, openapi_url=None)
-    app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=("/health",))
+    app.add_middleware(
+        ApiKeyMiddleware, api_key=api_key, admin_key=admin_key, open_paths=("/health",)
+    )
     app.add_middleware(RequestIdMiddleware)
     # Outermost: 401s and the error handlers' answers advertise it too.
     app.add_middleware(AcceptEncodingMiddleware)

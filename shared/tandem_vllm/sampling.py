@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from typing import Any
 
 import msgspec
 from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 from vllm.exceptions import VLLMClientError
-from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+from .structured_outputs import check_grammar_cost, check_matches_something
 
 __all__ = [
     "ALLOWED_FIELDS",
     "IGNORED_FIELDS",
+    "STRUCTURED_OUTPUT_FIELDS",
+    "InvalidStructuredOutput",
     "MaxTokensDefaults",
     "SamplingParamsRefused",
+    "StructuredOutputTooLarge",
+    "StructuredOutputsDisabled",
     "TokenIdsOutOfVocabulary",
+    "check_structured_outputs",
     "default_max_tokens",
     "sampling_params_from_wire",
     "sampling_params_schema",
@@ -39,8 +47,8 @@ def sampling_params_to_wire(params: SamplingParams) -> dict[str, Any]:
     return fields
 
 
-# What a caller may set. Left out on purpose: `extra_args` and `structured_outputs` (engine-side
-# plugins and grammars are a server decision), and vLLM's private `_...` fields.
+# What a caller may set. Left out on purpose: `extra_args` (engine-side plugins are a server
+# decision) and vLLM's private `_...` fields. `structured_outputs` is checked on its own (below).
 ALLOWED_FIELDS = frozenset(
     {
         "n",
@@ -70,12 +78,24 @@ ALLOWED_FIELDS = frozenset(
         "flat_logprobs",
         "logprob_token_ids",
         "repetition_detection",
+        "structured_outputs",
     }
 )
 # Written by render for the engine's own bookkeeping; the server sets them per request, or
-# vLLM derives them again (``output_text_buffer_length`` from the stop strings).
+# vLLM derives them again (``output_text_buffer_length`` from the stop strings, the private
+# ``_...`` ones from ``stop_token_ids``, ``bad_words`` and the model's generation config as
+# the engine takes the request), as upstream's generate accepts them.
 IGNORED_FIELDS = frozenset(
-    {"output_kind", "skip_clone", "stream_interval", "output_text_buffer_length"}
+    {
+        "output_kind",
+        "skip_clone",
+        "stream_interval",
+        "output_text_buffer_length",
+        "_all_stop_token_ids",
+        "_eos_token_id",
+        "_bad_words_token_ids",
+        "_watermarking_skipped",
+    }
 )
 
 
@@ -156,6 +176,26 @@ class TokenIdsOutOfVocabulary(SamplingParamsRefused):
     model's vocabulary does not have."""
 
 
+class StructuredOutputsDisabled(SamplingParamsRefused):
+    """``structured_outputs`` sent where the operator turned them off."""
+
+
+class StructuredOutputTooLarge(SamplingParamsRefused):
+    """``structured_outputs`` larger, serialized, than the operator's bound."""
+
+
+class InvalidStructuredOutput(SamplingParamsRefused):
+    """A schema, regex, grammar, choice list or structural tag vLLM cannot make a grammar of."""
+
+
+STRUCTURED_OUTPUT_FIELDS = frozenset(
+    f.name for f in dataclasses.fields(StructuredOutputsParams) if not f.name.startswith("_")
+)
+"""The fields of vLLM's ``StructuredOutputsParams`` a caller sets (``json``, ``regex``,
+``choice``, ``grammar``, ``json_object``, ``structural_tag`` and their options); its private
+``_backend`` fields are the server's to set, and dropped (render's documents carry them)."""
+
+
 def sampling_params_from_wire(
     fields: dict[str, Any],
     *,
@@ -163,11 +203,14 @@ def sampling_params_from_wire(
     max_n: int,
     max_logprobs: int,
     vocab_size: int | None = None,
+    max_structured_output_bytes: int | None = None,
 ) -> SamplingParams:
     """Validated ``SamplingParams`` for the wire's ``sampling_params`` map, through
     ``ALLOWED_FIELDS``; every refusal is ``SamplingParamsRefused``. With ``vocab_size``, every
     token id the fields name is checked against the vocabulary (vLLM's engine would fail on
-    one outside it, or index past its logits)."""
+    one outside it, or index past its logits). ``structured_outputs`` are taken up to
+    ``max_structured_output_bytes`` (as JSON); None refuses them. Their grammar is checked by
+    ``check_structured_outputs``, which needs the engine's configuration."""
     unknown = set(fields) - ALLOWED_FIELDS - IGNORED_FIELDS
     if unknown:
         shown = ", ".join(sorted(str(k)[:40] for k in unknown)[:5])
@@ -175,6 +218,9 @@ def sampling_params_from_wire(
             f"sampling_params fields not accepted here: {shown}", param="sampling_params"
         )
     given = {k: v for k, v in fields.items() if k in ALLOWED_FIELDS}
+    structured = _structured_outputs(
+        given.pop("structured_outputs", None), max_structured_output_bytes
+    )
     if isinstance(given.get("logit_bias"), dict):
         # JSON object keys are strings: render's own logit_bias arrives as {"123": 1.5}.
         given["logit_bias"] = _int_keys(given["logit_bias"])
@@ -194,8 +240,68 @@ def sampling_params_from_wire(
                 f"{name} must be at most {max_logprobs}", param=f"sampling_params.{name}"
             )
     _check_bounds(params, vocab_size)
+    params.structured_outputs = structured
     params.output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
     return params
+
+
+def _structured_outputs(value: Any, max_bytes: int | None) -> StructuredOutputsParams | None:
+    """vLLM's ``StructuredOutputsParams`` for the wire's map, within the operator's bounds."""
+    param = "sampling_params.structured_outputs"
+    if value is None:
+        return None
+    if max_bytes is None:
+        raise StructuredOutputsDisabled(
+            "structured outputs are turned off on this server", param=param
+        )
+    if not isinstance(value, dict):
+        raise InvalidStructuredOutput("structured_outputs must be an object", param=param)
+    public = {k: v for k, v in value.items() if not str(k).startswith("_")}
+    unknown = set(public) - STRUCTURED_OUTPUT_FIELDS
+    if unknown:
+        shown = ", ".join(sorted(str(k)[:40] for k in unknown)[:5])
+        raise InvalidStructuredOutput(
+            f"structured_outputs fields not accepted: {shown}", param=param
+        )
+    # Bounded before any parser sees it: the size of what the backend would compile.
+    size = len(msgspec.json.encode(public))
+    if size > max_bytes:
+        raise StructuredOutputTooLarge(
+            f"structured_outputs is {size} bytes as JSON; this server takes at most {max_bytes}",
+            param=param,
+        )
+    try:
+        return msgspec.convert(public, StructuredOutputsParams)
+    except (msgspec.ValidationError, VLLMClientError, ValueError, TypeError) as exc:
+        raise InvalidStructuredOutput(
+            f"invalid structured_outputs: {str(exc.args[0] if exc.args else exc)[:200]}",
+            param=param,
+        ) from None
+
+
+def check_structured_outputs(params: SamplingParams, vllm_config: Any, tokenizer: Any) -> None:
+    """vLLM's own check of ``params.structured_outputs``, the one its input processor runs when
+    the request is added (backend choice, then the backend's parse of the schema, regex or
+    grammar), and ours of what that check lets through to fail in the engine core
+    (``tandem_vllm.structured_outputs``); run before the request is answered, so a refusal
+    is a 400 even on a stream. Sets the backend on ``params`` as vLLM does; every refusal is
+    ``InvalidStructuredOutput``."""
+    so = params.structured_outputs
+    if so is None:
+        return
+    try:
+        check_grammar_cost(so)
+        params._validate_structured_outputs(
+            vllm_config.model_config, vllm_config.structured_outputs_config, tokenizer
+        )
+        if so._backend == "xgrammar":
+            check_matches_something(so)
+    except (VLLMClientError, ValueError, TypeError, RuntimeError) as exc:
+        # RuntimeError: a backend's own parser error (xgrammar's), or a RecursionError.
+        raise InvalidStructuredOutput(
+            f"invalid structured_outputs: {str(exc.args[0] if exc.args else exc)[:300]}",
+            param="sampling_params.structured_outputs",
+        ) from None
 
 
 def _int_keys(bias: dict[Any, Any]) -> dict[Any, Any]:

@@ -46,6 +46,8 @@ _SERVING_RENDER = "vllm.entrypoints.scale_out.render.serving:ServingRender"
 _ONLINE_RENDERER = "vllm.renderers.online_renderer:OnlineRenderer"
 _BASE_RENDERER = "vllm.renderers.base:BaseRenderer"
 _CONNECTOR = "vllm.multimodal.media:MediaConnector"
+_SERVING_CHAT = "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat"
+_SERVING_COMPLETION = "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion"
 
 UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     # Render: the capture of engine inputs (vllm_renderer._CapturingServingRender).
@@ -173,6 +175,18 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         "tandem_vllm.sampling.default_max_tokens: what an absent max_tokens means upstream",
     ),
     UpstreamName(
+        "vllm.sampling_params:SamplingParams._validate_structured_outputs",
+        ("self", "model_config", "structured_outputs_config", "tokenizer"),
+        "generate",
+        "tandem_vllm.sampling.check_structured_outputs: vLLM's check, run before the answer starts",
+    ),
+    UpstreamName(
+        "vllm.sampling_params:StructuredOutputsParams._backend",
+        None,
+        "generate",
+        "tandem_vllm.sampling.check_structured_outputs reads the backend vLLM's check chose",
+    ),
+    UpstreamName(
         "vllm.model_executor.models.qwen2_audio:_get_feat_extract_output_lengths",
         ("input_lengths",),
         "generate",
@@ -183,7 +197,86 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         "vllm.v1.engine.logprobs:LogprobsProcessor._verify_tokens",
         ("self", "decoded_tokens_list", "tokens", "context_token_ids"),
         "front",
-        "tandem_front.vllm_texts.VllmTexts.logprob_tokens completes split UTF-8 pieces with it",
+        "tandem_front.vllm_answers.VllmAnswers.steps completes split UTF-8 pieces with it",
+    ),
+    # Front door: the OpenAI answers written by vllm serve's own serving code.
+    UpstreamName(
+        f"{_SERVING_CHAT}.chat_completion_full_generator",
+        (
+            "self",
+            "request",
+            "result_generator",
+            "request_id",
+            "model_name",
+            "conversation",
+            "tokenizer",
+            "request_metadata",
+            "parser",
+            "mm_token_counts",
+        ),
+        "front",
+        "tandem_front.vllm_answers: whole chat answers from rebuilt RequestOutputs",
+    ),
+    UpstreamName(
+        f"{_SERVING_CHAT}.chat_completion_stream_generator",
+        (
+            "self",
+            "request",
+            "result_generator",
+            "request_id",
+            "model_name",
+            "conversation",
+            "tokenizer",
+            "request_metadata",
+            "chat_template_kwargs",
+            "mm_token_counts",
+        ),
+        "front",
+        "tandem_front.vllm_answers: streamed chat chunks from rebuilt RequestOutputs",
+    ),
+    UpstreamName(
+        f"{_SERVING_CHAT}._effective_chat_template_kwargs",
+        ("self", "request"),
+        "front",
+        "the parsers' template kwargs, as vllm serve resolves them",
+    ),
+    UpstreamName(
+        f"{_SERVING_CHAT}._make_parser",
+        ("self", "request", "tokenizer", "chat_template_kwargs"),
+        "front",
+        "the whole answer's parser, made as vllm serve makes it",
+    ),
+    UpstreamName(
+        f"{_SERVING_COMPLETION}.completion_stream_generator",
+        (
+            "self",
+            "request",
+            "engine_inputs",
+            "result_generator",
+            "request_id",
+            "created_time",
+            "model_name",
+            "num_prompts",
+            "tokenizer",
+            "request_metadata",
+        ),
+        "front",
+        "tandem_front.vllm_answers: streamed completions from rebuilt RequestOutputs",
+    ),
+    UpstreamName(
+        f"{_SERVING_COMPLETION}.request_output_to_completion_response",
+        (
+            "self",
+            "final_res_batch",
+            "request",
+            "request_id",
+            "created_time",
+            "model_name",
+            "tokenizer",
+            "request_metadata",
+        ),
+        "front",
+        "tandem_front.vllm_answers: whole completions from rebuilt RequestOutputs",
     ),
 )
 

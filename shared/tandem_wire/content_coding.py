@@ -9,6 +9,7 @@ Noise costs nothing to try: zstd stores incompressible blocks raw.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable
 
@@ -20,6 +21,7 @@ __all__ = [
     "IDENTITY",
     "ZSTD",
     "DEFAULT_ZSTD_LEVEL",
+    "MAX_ZSTD_FRAMES",
     "MAX_ZSTD_WINDOW",
     "MIN_COMPRESSED_BYTES",
     "accepts_coding",
@@ -41,6 +43,10 @@ and raw pixel bytes are nearly all literals)."""
 MAX_ZSTD_WINDOW = 8 * 1024 * 1024
 """Largest zstd window a decoder allocates (RFC 9659's limit for the ``zstd`` coding); level 1
 writes 512 KiB windows."""
+
+MAX_ZSTD_FRAMES = 1024
+"""Most frames (skippable ones included) a body may hold: each costs a step in Python, and our
+senders write one."""
 
 MIN_COMPRESSED_BYTES = 16 * 1024
 """Bodies below this size go as they are: the frame and the CPU would buy nothing."""
@@ -115,36 +121,41 @@ def compress_zstd(
 def decode_body(body: bytes, coding: str, max_bytes: int) -> bytes:
     """``body`` decoded from ``coding`` (see ``body_coding``), at most ``max_bytes`` long.
 
-    The frames are walked first (headers and block headers only), so a truncated body is
-    refused and sizes are known before any output exists. Frames that declare their content
-    size are refused before any allocation when the sizes add up past the cap, then inflated
-    in one exact allocation each; a frame that does not declare it is inflated in bounded
-    steps and refused as soon as the total passes the cap (413 ``payload_too_large``).
-    Anything else wrong is 400 ``malformed_body``.
+    libzstd (C) does all the decoding and the walking of blocks; Python only steps from frame
+    to frame, and at most ``MAX_ZSTD_FRAMES`` of them (skippable ones count), so the work is
+    linear in the body at C speed. A frame that declares its content size is refused before
+    any allocation when it does not fit under the cap, else inflated in one exact allocation
+    (the common case: one such frame is the whole body, decoded in one call); a frame that does
+    not declare it is inflated into at most ``max_bytes + 1`` bytes, and refused past the cap
+    (413 ``payload_too_large``). A truncated frame, trailing bytes, a window above
+    ``MAX_ZSTD_WINDOW``, a body of skippable frames only and anything else wrong are 400
+    ``malformed_body``.
     """
     if coding == IDENTITY:
         return body
     if coding != ZSTD:
         raise UnsupportedContentEncoding(f"content encoding {coding!r} is not supported")
-    frames = _frames(memoryview(body))
-    too_large = PayloadTooLarge(f"decompressed body exceeds {max_bytes} bytes")
-    if sum(max(size, 0) for _, size in frames) > max_bytes:
-        raise too_large
+    view = memoryview(body)
     dctx = _decompressor()
     out: list[bytes] = []
-    total = 0
+    total = pos = 0
     try:
-        for frame, size in frames:
-            if size > 0:
-                # One allocation of the declared size; zstd checks the frame fills it exactly.
-                # (Not for 0: the one-shot call returns at once without reading the frame.)
-                piece = dctx.decompress(frame)
+        for _ in range(MAX_ZSTD_FRAMES):
+            rest = view[pos:]
+            length = _skippable_length(rest)
+            if length is None:
+                piece, length = _frame(dctx, rest, max_bytes - total)
                 total += len(piece)
                 out.append(piece)
-            else:
-                total = _inflate_bounded(dctx, frame, total, max_bytes, out, too_large)
+            pos += length
+            if pos == len(view):
+                break
+        else:
+            raise MalformedBody(f"the body holds more than {MAX_ZSTD_FRAMES} zstd frames")
     except zstandard.ZstdError:
         raise MalformedBody("the body is not valid zstd data") from None
+    if not out:
+        raise MalformedBody("the body holds no zstd frame, only skippable ones")
     return out[0] if len(out) == 1 else b"".join(out)
 
 
@@ -155,64 +166,128 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dctx
 
 
-def _inflate_bounded(
-    dctx: zstandard.ZstdDecompressor,
-    frame: memoryview,
-    total: int,
-    max_bytes: int,
-    out: list[bytes],
-    too_large: PayloadTooLarge,
-) -> int:
-    with dctx.stream_reader(frame) as reader:
-        while True:
-            # Never more than one byte past the cap is inflated.
-            chunk = reader.read(min(_CHUNK, max_bytes - total + 1))
-            if not chunk:
-                return total
-            total += len(chunk)
-            if total > max_bytes:
-                raise too_large
-            out.append(chunk)
-
-
 _FRAME_MAGIC = 0xFD2FB528
 _SKIPPABLE_MAGIC = 0x184D2A50  # the low 4 bits are free
-_MAX_FRAMES = 1024
+_EMPTY_LAST_BLOCK = 1  # block header: last, raw, no bytes
+_FIRST_FEED = 64 * 1024
+# How zstandard words a frame that is broken in itself (truncated, corrupt, longer than
+# declared, a bad checksum), as opposed to one followed by more input.
+_BROKEN = ("corruption", "full frame", "too small", "checksum", "expected")
 
 
-def _frames(view: memoryview) -> list[tuple[memoryview, int]]:
-    """Each zstd frame of a body and its declared content size (-1: not declared), walked by
-    their headers (RFC 8878 section 3.1) without decoding; skippable frames are dropped."""
-    frames: list[tuple[memoryview, int]] = []
-    pos, end = 0, len(view)
-    while pos < end:
-        if end - pos < 4 or len(frames) >= _MAX_FRAMES:
-            raise MalformedBody("the body is not a sequence of zstd frames")
-        magic = int.from_bytes(view[pos : pos + 4], "little")
-        if magic & 0xFFFFFFF0 == _SKIPPABLE_MAGIC:
-            pos += 8 + int.from_bytes(view[pos + 4 : pos + 8], "little")
-            continue
-        if magic != _FRAME_MAGIC:
-            raise MalformedBody("the body is not a sequence of zstd frames")
-        try:
-            params = zstandard.get_frame_parameters(view[pos:])
-            block = pos + zstandard.frame_header_size(view[pos:])
-        except zstandard.ZstdError:
-            raise MalformedBody("a zstd frame header is malformed") from None
-        while True:
-            header = int.from_bytes(view[block : block + 3], "little")
-            kind = (header >> 1) & 3
-            if block + 3 > end or kind == 3:
-                raise MalformedBody("a zstd frame is truncated or malformed")
-            block += 3 + (1 if kind == 1 else header >> 3)  # an RLE block holds one byte
-            if header & 1:  # the last block
-                break
-        block += 4 if params.has_checksum else 0
-        if block > end:
-            raise MalformedBody("a zstd frame is truncated")
-        size = params.content_size
-        frames.append((view[pos:block], -1 if size == zstandard.CONTENTSIZE_UNKNOWN else size))
-        pos = block
-    if pos > end or not frames:
-        raise MalformedBody("the body holds no complete zstd frame")
-    return frames
+def _skippable_length(rest: memoryview) -> int | None:
+    """The length of the skippable frame ``rest`` starts with; None for a zstd frame."""
+    if len(rest) < 4:
+        raise MalformedBody("the body is not a sequence of zstd frames")
+    magic = int.from_bytes(rest[:4], "little")
+    if magic == _FRAME_MAGIC:
+        return None
+    if magic & 0xFFFFFFF0 != _SKIPPABLE_MAGIC:
+        raise MalformedBody("the body is not a sequence of zstd frames")
+    length = 8 + int.from_bytes(rest[4:8], "little")
+    if len(rest) < max(length, 8):
+        raise MalformedBody("a skippable frame is truncated")
+    return length
+
+
+def _frame(dctx: zstandard.ZstdDecompressor, rest: memoryview, room: int) -> tuple[bytes, int]:
+    """The content of the zstd frame ``rest`` starts with, at most ``room`` bytes, and the
+    frame's length."""
+    try:
+        params = zstandard.get_frame_parameters(rest)
+    except zstandard.ZstdError:
+        raise MalformedBody("a zstd frame header is malformed") from None
+    if params.window_size > MAX_ZSTD_WINDOW:
+        raise MalformedBody(f"a zstd frame's window exceeds {MAX_ZSTD_WINDOW} bytes")
+    too_large = PayloadTooLarge(f"decompressed body exceeds the {room} bytes left under the cap")
+    size = params.content_size
+    sized = size != zstandard.CONTENTSIZE_UNKNOWN
+    if sized and size > room:
+        raise too_large
+    if size == 0:
+        # The one-shot call returns at once for a declared 0 without reading the frame: an
+        # encoder writes it as one empty block, and nothing else is taken for it.
+        return b"", _empty_frame_length(dctx, rest, params.has_checksum)
+    # A declared size is the one exact allocation (zstd refuses a frame that does not fill
+    # it); otherwise the buffer is the room plus one byte, so a bomb stops one byte past.
+    limit = 0 if sized else room + 1
+    try:
+        # Most bodies are one sized frame: decoded in one call, which refuses truncation and
+        # extra bytes alike. (zstandard 0.25 does not check for extra bytes after an unsized
+        # frame that leaves its buffer part empty: those always have their end found below.)
+        piece = dctx.decompress(rest, limit, allow_extra_data=not sized)
+        length = len(rest) if sized else _frame_length(dctx, rest)
+    except zstandard.ZstdError as exc:
+        # Not a body of one whole frame: more frames follow, or this one is broken.
+        piece = _decode_alone(dctx, rest, limit, exc, too_large)
+        length = _frame_length(dctx, rest)
+    if len(piece) > room:
+        raise too_large
+    return piece, length
+
+
+def _decode_alone(
+    dctx: zstandard.ZstdDecompressor,
+    rest: memoryview,
+    limit: int,
+    failure: zstandard.ZstdError,
+    too_large: PayloadTooLarge,
+) -> bytes:
+    """The frame ``rest`` starts with, decoded alone after ``failure`` to decode ``rest`` as
+    one whole frame (``limit``: 0 for a sized frame, else the room plus one byte);
+    zstandard's words tell whether more frames follow or this one is broken
+    (a changed wording would only cost a second decode)."""
+    if limit == 0 and not any(word in str(failure) for word in _BROKEN):
+        with contextlib.suppress(zstandard.ZstdError):
+            return dctx.decompress(rest)
+    # An unsized frame that filled its buffer is a bomb, told apart from a truncated one by
+    # counting through one reused buffer (no allocation).
+    if limit and _inflates_past(dctx, rest, limit - 1):
+        raise too_large from None
+    raise MalformedBody("a zstd frame is truncated or malformed") from None
+
+
+def _inflates_past(dctx: zstandard.ZstdDecompressor, rest: memoryview, room: int) -> bool:
+    """Whether ``rest`` inflates past ``room`` bytes, counted through one reused buffer.
+
+    (Counting may run on into later frames: their content counts toward the cap too.)"""
+    scratch = memoryview(bytearray(min(_CHUNK, room + 1)))
+    seen = 0
+    with dctx.stream_reader(rest, read_across_frames=True) as reader:
+        while seen <= room:
+            n = reader.readinto(scratch[: room + 1 - seen])
+            if not n:
+                return False
+            seen += n
+    return True
+
+
+def _frame_length(dctx: zstandard.ZstdDecompressor, rest: memoryview) -> int:
+    """Where the zstd frame ``rest`` starts with ends, found by zstd itself.
+
+    Only for a frame already decoded within the cap: its content is produced again here (and
+    dropped), so it is bounded. The input goes in doubling steps, so the bytes past the frame
+    that zstd hands back (a copy) stay within twice the frame.
+    """
+    dobj = dctx.decompressobj()
+    fed, step = 0, _FIRST_FEED
+    while fed < len(rest):
+        chunk = rest[fed : fed + step]
+        dobj.decompress(chunk)
+        fed += len(chunk)
+        if dobj.eof:
+            return fed - len(dobj.unused_data)
+        step *= 2
+    raise MalformedBody("a zstd frame is truncated")
+
+
+def _empty_frame_length(
+    dctx: zstandard.ZstdDecompressor, rest: memoryview, has_checksum: bool
+) -> int:
+    block = zstandard.frame_header_size(rest)
+    length = block + 3 + (4 if has_checksum else 0)
+    if int.from_bytes(rest[block : block + 3], "little") != _EMPTY_LAST_BLOCK:
+        raise MalformedBody("a zstd frame that declares no content holds more than an empty block")
+    if length > len(rest):
+        raise MalformedBody("a zstd frame is truncated")
+    return _frame_length(dctx, rest[:length])  # checks the checksum, if any

@@ -4,11 +4,13 @@ router (``vllm/entrypoints/rl/online/api_router.py``) takes them, so that its cl
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from msgspec import Struct
 
 __all__ = [
+    "CONTROL_ROUTES",
+    "ControlRoute",
     "PauseMode",
     "InitWeightTransferRequest",
     "UpdateWeightsRequest",
@@ -56,3 +58,40 @@ class AbortRequestsRequest(Struct, forbid_unknown_fields=True):
 
     request_ids: list[str] | None = None
     """Engine request ids to abort; null or empty aborts every request in flight."""
+
+
+class ControlRoute(NamedTuple):
+    """One control route of a generate node, as a router in front of several treats it."""
+
+    path: str
+    method: str
+    changes_state: bool
+    """Needs an admin key (or ``--enable-control-routes`` without admin keys) and fails when a
+    node fails it."""
+    combine: str
+    """How the nodes' answers become one (``tandem_client.fleet.COMBINE``)."""
+    every_node: bool = False
+    """Read-only, but its answer is wrong without every node's: a node that fails is an error."""
+    body: type[Struct] | None = None
+    """The JSON body it takes (None: none, or query parameters only)."""
+
+
+CONTROL_ROUTES: tuple[ControlRoute, ...] = (
+    ControlRoute("/reset_prefix_cache", "POST", True, "each"),
+    ControlRoute("/pause", "POST", True, "each"),
+    ControlRoute("/resume", "POST", True, "each"),
+    ControlRoute(
+        "/init_weight_transfer_engine", "POST", True, "each", body=InitWeightTransferRequest
+    ),
+    ControlRoute("/start_weight_update", "POST", True, "each"),
+    ControlRoute("/update_weights", "POST", True, "each", body=UpdateWeightsRequest),
+    ControlRoute("/finish_weight_update", "POST", True, "each", body=FinishWeightUpdateRequest),
+    ControlRoute("/abort_weight_update", "POST", True, "each"),
+    ControlRoute("/update_weight_version", "POST", True, "each", body=UpdateWeightVersionRequest),
+    ControlRoute("/abort_requests", "POST", True, "each", body=AbortRequestsRequest),
+    ControlRoute("/is_paused", "GET", False, "any_paused"),
+    ControlRoute("/weight_info", "GET", False, "weight_versions"),
+    ControlRoute("/get_world_size", "GET", False, "world_size", every_node=True),
+    ControlRoute("/server_info", "GET", False, "first"),
+)
+"""Every control route generate serves and the front door fans out to every generate node."""

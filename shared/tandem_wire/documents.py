@@ -83,6 +83,11 @@ WIRE_TRANSFORMS_HEADER = "x-tandem-wire-transforms"
 ``*`` for any the model has) the caller's generate nodes undo. Render applies them only to a
 binary (msgpack) answer; JSON answers stay upstream's bytes whatever this says."""
 
+SYSTEM_FINGERPRINT_HEADER = "x-tandem-system-fingerprint"
+"""Response header of generate's ``/inference/v1/generate``: the engine's ``system_fingerprint``
+as ``vllm serve`` computes it (vLLM's ``get_system_fingerprint``), which the front door writes
+into its OpenAI answers where ``vllm serve`` does. Absent when the engine has none."""
+
 ANY_WIRE_TRANSFORM = "*"
 """In ``WIRE_TRANSFORMS_HEADER``: every transform the render node has for its model (those
 that only pay under compression only with ``BODY_CODING_HEADER``)."""

@@ -98,6 +98,15 @@ INVALID_MM_ITEM = "invalid_mm_item"
 """400: a kwargs item this model's processor does not produce."""
 INVALID_SAMPLING_PARAMS = "invalid_sampling_params"
 """400: a sampling field that is unknown, not allowed here, or out of range."""
+STRUCTURED_OUTPUTS_DISABLED = "structured_outputs_disabled"
+"""400: ``sampling_params.structured_outputs`` sent to a server started with
+``--disable-structured-outputs``."""
+STRUCTURED_OUTPUT_TOO_LARGE = "structured_output_too_large"
+"""400: ``sampling_params.structured_outputs`` (schema, regex, grammar, choices...) is larger,
+serialized as JSON, than the server's ``--max-structured-output-bytes``."""
+INVALID_STRUCTURED_OUTPUT = "invalid_structured_output"
+"""400: a JSON schema, regex, grammar, choice list or structural tag that vLLM's structured-output
+backend cannot turn into a grammar (malformed, unsupported, too deep, or matching nothing)."""
 ENGINE_NOT_READY = "engine_not_ready"
 """503: the engine is starting or has failed."""
 
@@ -105,6 +114,10 @@ ENGINE_NOT_READY = "engine_not_ready"
 CONTROL_ROUTES_DISABLED = "control_routes_disabled"
 """403: a state-changing control route on a server with no API key and no
 ``--enable-control-routes``."""
+ADMIN_REQUIRED = "admin_required"
+"""403: a state-changing control route (pause, resume, abort, weight updates, cache reset)
+called with an inference key where it needs an admin key (``--admin-api-key``); nothing was
+done."""
 INVALID_WEIGHT_UPDATE = "invalid_weight_update"
 """400: an update whose tensors the model does not have, or with the wrong shape or dtype, or
 layers sent in part, or a file that is not safetensors; nothing was loaded."""
@@ -115,6 +128,12 @@ WEIGHT_UPDATE_CONFLICT = "weight_update_conflict"
 while one is under way)."""
 WEIGHT_TRANSFER_NOT_CONFIGURED = "weight_transfer_not_configured"
 """409: weight-transfer calls on a server started without ``--weight-transfer-config``."""
+WEIGHT_CHECKPOINT_UNAVAILABLE = "weight_checkpoint_unavailable"
+"""409: the node cannot read the served model's own safetensors checkpoint, against which every
+update is checked (not in its local files, or a header it cannot read); nothing was loaded."""
+PREFIX_CACHE_NOT_RESET = "prefix_cache_not_reset"
+"""503: the new weights are loaded and labelled, but the engine's prefix cache could not be
+reset, so KV computed with the old weights may still be reused; retry ``/reset_prefix_cache``."""
 # Front door.
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 """503: no node of a tier could be reached (or none is healthy); the message names the tier."""
@@ -122,4 +141,8 @@ CONTROL_PARTIAL_FAILURE = "control_partial_failure"
 """502: a control route fanned out to every generate node failed on some; ``details.failed``
 names each failed node with its status and error type, ``details.succeeded`` the others."""
 UPSTREAM_ERROR = "upstream_error"
-"""502: an upstream answered something the front door cannot read (not a typed error)."""
+"""502: an upstream answered something the front door cannot read (not a typed error), or its
+connection broke (reset, protocol error) before or during the answer."""
+UPSTREAM_TIMEOUT = "upstream_timeout"
+"""504: an upstream took the request but did not answer (or send more of its answer) within the
+front door's read timeout."""

@@ -31,6 +31,9 @@ TWO_IMAGES = [1017, 359, 261, 198, 1019, IMAGE_PAD, 1020, 1019, IMAGE_PAD, 1020,
 TWO_IMAGES += [1017, 436, 198]
 EXIT_WITHIN_S = 30
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
+LONGER = {"temperature": 0.0, "max_tokens": 48}
+"""For requests that must still be on the node when it is killed: at 8 tokens a batch was in
+and out between two looks at the node's pending gauge on a loaded machine."""
 
 
 def engine_cores(pid: int) -> list[psutil.Process]:
@@ -184,8 +187,16 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
         def kill_and_restart() -> None:
             if not (streaming.wait(120) and batch_started.wait(120)):
                 raise AssertionError("nothing in flight to kill")
-            # B's first requests reach the node (the stream is the one pending before them).
-            wait_until(lambda: pending(own_generate.proc) >= 2, 60, "B's requests on the node")
+            # The engine is frozen with the stream in it (vLLM's pause, mode keep), so neither
+            # the stream nor B's requests can finish before the kill however fast the machine
+            # decodes (a 3900-token stream took under 15 s on CI, and ended before B arrived).
+            paused = httpx.post(
+                f"{own_generate.proc.url}/pause",
+                params={"mode": "keep", "clear_cache": "false"},
+                timeout=30,
+            )
+            assert paused.status_code == 200, paused.text
+            wait_until(lambda: pending(own_generate.proc) >= 2, 120, "B's requests on the node")
             os.killpg(own_generate.proc.proc.pid, signal.SIGKILL)
             own_generate.restart()
             restarted.append(own_generate.proc)
@@ -200,7 +211,7 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
             killer = pool.submit(kill_and_restart)
             streaming.wait(120)
             batch_started.set()
-            second = b.rollout(batch, fresh_images, progress=False, **GREEDY)
+            second = b.rollout(batch, fresh_images, progress=False, **LONGER)
             killer.result(timeout=300)
             assert cut.result(timeout=60) in ("RemoteProtocolError", "ReadError")
         assert restarted, "the node was not restarted during the batch"
@@ -211,7 +222,7 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
         # A greedy replay, one request at a time, gives the tokens B received.
         with TandemClient(render, new.url, model=model) as replay:
             for i in range(prompts):
-                alone = replay.rollout([TWO_IMAGES], [fresh_images[i]], progress=False, **GREEDY)
+                alone = replay.rollout([TWO_IMAGES], [fresh_images[i]], progress=False, **LONGER)
                 assert alone.completion_ids == [second.completion_ids[i]], i
 
         # A does not know the node restarted: it sends hashes only, the new process answers

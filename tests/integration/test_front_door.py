@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tandem_client import AsyncTandemClient
 from tandem_client.routing import rendezvous_order
+from tandem_front.settings import FrontSettings
 
 from ..support.images import data_url, png_bytes
 
@@ -116,9 +118,19 @@ def test_streamed_chat_with_usage_equals_vllm_serve(fleet, front_door):
         chunks = list(openai_client(url).chat.completions.create(**request))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         finish = [c.choices[0].finish_reason for c in chunks if c.choices]
-        results.append((text, finish[-1], chunks[-1].usage, chunks[0].choices[0].delta.role))
+        # Each chunk's shape: the role it names, whether it carries text, its finish, usage.
+        shapes = [
+            (
+                c.choices[0].delta.role if c.choices else None,
+                bool(c.choices and c.choices[0].delta.content),
+                c.choices[0].finish_reason if c.choices else None,
+                c.usage is not None,
+            )
+            for c in chunks
+        ]
+        results.append((text, finish[-1], chunks[-1].usage, shapes))
     assert results[0] == results[1]
-    assert results[0][0] and results[0][3] == "assistant"
+    assert results[0][0] and results[0][3][0][0] == "assistant"
 
 
 def test_n_2_with_logprobs_equals_vllm_serve(fleet, front_door):
@@ -159,6 +171,53 @@ def test_completions_with_token_ids_equal_vllm_serve(fleet, front_door):
         assert extra(a, "prompt_token_ids") == extra(b, "prompt_token_ids")
         assert a.logprobs.tokens == b.logprobs.tokens
     assert ours.usage == theirs.usage
+
+
+MAX_MODEL_LEN = 4096  # tools/servers.py starts every engine with this context
+
+
+def test_max_tokens_past_the_room_left_is_clamped_as_vllm_serve_clamps_it(fleet, front_door):
+    """Render clamps max_tokens to the room left, as vllm serve does; before, the door wrote
+    the caller's value back and generate refused it (400 where vllm serve answers 200)."""
+    model, urls = fleet
+    room = 6
+    request = {
+        "model": model,
+        "prompt": [100] * (MAX_MODEL_LEN - room),
+        "temperature": 0.0,
+        "max_tokens": MAX_MODEL_LEN,
+        "extra_body": {"return_token_ids": True},
+    }
+    ours = openai_client(front_door[0]).completions.create(**request)
+    theirs = openai_client(urls["up_serve"]).completions.create(**request)
+    (a,), (b,) = ours.choices, theirs.choices
+    assert (a.text, extra(a, "token_ids")) == (b.text, extra(b, "token_ids"))
+    assert a.finish_reason == b.finish_reason
+    assert ours.usage == theirs.usage and theirs.usage.completion_tokens <= room
+
+    # The same for chat: a text long enough to leave a few tokens of room (measured on vllm
+    # serve: tokens per repetition and the template's own).
+    def prompt_tokens(k: int) -> int:
+        asked = openai_client(urls["up_serve"]).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi " * k}], max_tokens=1
+        )
+        return asked.usage.prompt_tokens
+
+    base, per = prompt_tokens(0), (prompt_tokens(1000) - prompt_tokens(0)) / 1000
+    k = int((MAX_MODEL_LEN - 8 - base) / per)
+    ours, theirs = both(
+        fleet,
+        front_door,
+        messages=[{"role": "user", "content": "hi " * k}],
+        temperature=0.0,
+        max_completion_tokens=MAX_MODEL_LEN,
+        extra_body={"return_token_ids": True},
+    )
+    (a,), (b,) = ours.choices, theirs.choices
+    assert a.message.content == b.message.content
+    assert extra(a, "token_ids") == extra(b, "token_ids")
+    assert (a.finish_reason, ours.usage) == (b.finish_reason, theirs.usage)
+    assert ours.usage.prompt_tokens + ours.usage.completion_tokens <= MAX_MODEL_LEN
 
 
 def test_errors_of_the_tiers_pass_through(fleet, front_door):
@@ -304,6 +363,14 @@ def node_counter(url: str, name: str) -> float:
 def test_repeated_images_land_on_the_node_that_holds_them(fleet, front_door):
     model, _ = fleet
     url, generate_urls = front_door
+    # Each door worker re-reads the nodes' versions every --fence-poll-s; one whose last read
+    # fell inside an earlier test's update holds the slower node fenced (no work) until its
+    # next read. Once the nodes agree, one poll period and a margin settle every worker.
+    deadline = time.monotonic() + 60
+    while len({httpx.get(f"{u}/weight_info").json()["weight_version"] for u in generate_urls}) > 1:
+        assert time.monotonic() < deadline, "the generate nodes never agreed on a version"
+        time.sleep(0.2)
+    time.sleep(FrontSettings.fence_poll_s + 1.0)
 
     async def run() -> tuple[str, dict, dict]:
         # tandem_client pointed at the door for both tiers: it sends an item's data once,
@@ -328,3 +395,60 @@ def test_repeated_images_land_on_the_node_that_holds_them(fleet, front_door):
     assert after[node] - before[node] == 2  # the two repeats: hash only, found there
     other = next(u for u in generate_urls if u != node)
     assert after[other] == before[other]
+
+
+# -- the door as a proxy -----------------------------------------------------------------------
+
+
+def test_a_caller_hanging_up_on_a_non_streamed_chat_aborts_the_engine_request(fleet, front_door):
+    # A non-streamed answer is sent whole at its end, so until then only the door can notice
+    # that its caller left: the generate node's own engine must then stop the request.
+    model, _ = fleet
+    url, generate_urls = front_door
+    max_tokens = 3900
+
+    def engines(name: str) -> float:
+        return sum(node_counter(u, name) for u in generate_urls)
+
+    def running() -> float:
+        return engines("vllm:num_requests_running")
+
+    async def until(condition, timeout_s: float) -> bool:
+        for _ in range(int(timeout_s / 0.2)):
+            if await asyncio.to_thread(condition):
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Count."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+
+    async def hang_up() -> tuple[bool, bool]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            call = asyncio.create_task(client.post(f"{url}/v1/chat/completions", json=body))
+            started = await until(lambda: running() == 1, 30)
+            call.cancel()  # the caller hangs up: httpx closes its connection to the door
+            await asyncio.gather(call, return_exceptions=True)
+        return started, await until(lambda: running() == 0, 60)
+
+    assert wait_idle(running)  # earlier tests' requests are done
+    before = engines("vllm:generation_tokens_total")
+    started, stopped = asyncio.run(hang_up())
+    assert started and stopped
+    # The engine stopped the request early rather than finishing it (as it did before).
+    produced = engines("vllm:generation_tokens_total") - before
+    assert 0 < produced < max_tokens, produced
+
+
+def wait_idle(running) -> bool:
+    deadline = time.monotonic() + 30
+    while running() != 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

@@ -133,16 +133,28 @@ def test_client_disconnect_aborts_the_engine_request(fleet):
     req["sampling_params"]["ignore_eos"] = True
     assert wait_for(lambda: engine_busy(urls) == 0, 30)  # earlier tests' requests are done
     tokens_before = engine_metric(urls, "vllm:generation_tokens_total")
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", f"{urls['generate']}/inference/v1/generate", json=req) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()  # held open: closing this iterator would hang up
-            for line in lines:
-                if line.startswith("data: {"):
-                    break  # one chunk...
-            # ...and while still connected, the engine reports the request running...
-            assert wait_for(lambda: engine_metric(urls, "vllm:num_requests_running") == 1, 30)
-    # ...then hang up: within the bound the engine has nothing running or waiting,
+    control = urls["generate"]
+    try:
+        with httpx.Client(timeout=60) as client:
+            with client.stream("POST", f"{urls['generate']}/inference/v1/generate", json=req) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()  # held open: closing this iterator would hang up
+                for line in lines:
+                    if line.startswith("data: {"):
+                        break  # one chunk...
+                # ...then the engine is frozen with the request in it (vLLM's pause, mode
+                # keep), so that however fast this machine decodes, the request cannot end
+                # before the hang-up (3900 tokens took seconds on CI),
+                paused = client.post(
+                    f"{control}/pause", params={"mode": "keep", "clear_cache": "false"}
+                )
+                assert paused.status_code == 200, paused.text
+                assert engine_busy(urls) == 1, "the engine does not hold the request"
+    finally:
+        # ...and runs again after the hang-up: an engine that still held the request would
+        # finish all of its tokens now.
+        assert httpx.post(f"{control}/resume", timeout=60).status_code == 200
+    # Within the bound the engine has nothing running or waiting,
     assert wait_for(lambda: engine_busy(urls) == 0, 30), "the engine still runs the request"
     # and it stopped early rather than finishing the request.
     produced = engine_metric(urls, "vllm:generation_tokens_total") - tokens_before
@@ -150,3 +162,24 @@ def test_client_disconnect_aborts_the_engine_request(fleet):
     # The engine is free again: a short request completes at once.
     short = chat_body(model, [data_url(png_bytes(seed=38))], **GREEDY)
     assert len(generated(urls, "generate", rendered(urls, "render", short))) == 10
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"choice": ["red", "green", "blue"]},
+        {"regex": "[a-z]{3,8}-[0-9]{2}"},
+        {"json": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}},
+    ],
+    ids=["choice", "regex", "json"],
+)
+def test_structured_outputs_give_upstream_generates_tokens(fleet, constraint):
+    # The same render output with the same constraint to our generate and upstream's: the
+    # field has upstream's shape and reaches the engine as upstream passes it.
+    model, urls = fleet
+    body = chat_body(model, [data_url(png_bytes(seed=39))], temperature=0.0, max_tokens=24)
+    req = json.loads(rendered(urls, "render", body))
+    req["sampling_params"]["structured_outputs"] = constraint
+    request_json = json.dumps(req).encode()
+    ours = generated(urls, "generate", request_json)
+    assert ours and ours == generated(urls, "up_serve", request_json)

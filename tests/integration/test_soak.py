@@ -1,5 +1,6 @@
-"""The soak's short form (make soak runs the long one): a minute of saturating mixed load on
-its own render, generate and front door, with every check of tools/soak.py."""
+"""The soak's short form (make soak runs the long one): a minute of the same saturating mix through
+the front door (OpenAI chat, TRL's render-then-generate, tandem_client rollouts, a weight update,
+fresh images) on its own render, generate and front door, with every check of tools/soak.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import pytest
 
-from tools.soak import SoakConfig, print_report, run
+from tools.soak import KINDS, SoakConfig, print_report, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.engine]
 
@@ -24,7 +25,10 @@ def test_a_minute_at_saturation_loses_nothing_and_leaks_nothing(tmp_path):
     report = run(cfg)
     print_report(report, cfg)
     assert report.failures == []
-    # Saturated: the queue filled (429s were answered and retried), and every route ran.
+    # Saturated: the queue filled (429s were answered and retried), every kind of client ran,
+    # and the weights changed under the load (rollouts saw a label the update set).
     assert report.overloaded > 0
-    assert set(report.by_route) == {"direct", "front", "chat"}
+    assert set(report.by_kind) == set(KINDS)
+    assert len(report.updates) >= 1
+    assert any(v.startswith("soak-") for v in report.versions_seen)
     assert (tmp_path / "soak.png").stat().st_size > 0

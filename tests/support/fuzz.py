@@ -1,10 +1,13 @@
-"""A seeded, bounded mutation fuzzer for JSON request documents."""
+"""A seeded, bounded mutation fuzzer for JSON request documents, and generated hostile ones."""
 
 from __future__ import annotations
 
 import copy
+import io
 import json
 import random
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,3 +81,22 @@ def keep_crash(name: str, doc: Any, answer: str) -> Path:
     path = folder / f"{name}-{abs(hash(json.dumps(doc, sort_keys=True, default=str))):x}.json"
     path.write_text(json.dumps({"input": doc, "answer": answer[:2000]}, default=str))
     return path
+
+
+def solid_pngs(side: int, count: int) -> list[bytes]:
+    """``count`` distinct PNGs of one ``side`` x ``side`` solid colour: a few hundred KB each
+    however large ``side`` (an 8000x8000 one is ~200 KB, 192 MB decoded). Encoded once; each
+    copy differs only by a text chunk, so its bytes (and every hash of them) are its own."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (40, 90, 160)).save(buf, "PNG")
+    png = buf.getvalue()
+    header_end = 8 + 25  # signature, then the IHDR chunk
+    copies = []
+    for i in range(count):
+        text = b"Comment\x00" + str(i).encode()
+        chunk = struct.pack(">I", len(text)) + b"tEXt" + text
+        chunk += struct.pack(">I", zlib.crc32(b"tEXt" + text))
+        copies.append(png[:header_end] + chunk + png[header_end:])
+    return copies

@@ -1,9 +1,10 @@
-"""Every option of the services' command lines says what it does in ``--help``."""
+"""Every option of the services' command lines has ``--help`` text and is on its docs page."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,67 @@ def test_enable_mm_embeds_reaches_both_services(qwen2_dir):
     assert render_args(["--model", "m"]).enable_mm_embeds is False
     assert generate_args(["--model", qwen2_dir, "--enable-mm-embeds"])[1].enable_mm_embeds
     assert not generate_args(["--model", qwen2_dir])[1].enable_mm_embeds
+
+
+# -- every option is documented on its service's page ------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _undocumented(actions, page: str) -> list[str]:
+    text = (DOCS / page).read_text()
+    return [
+        option
+        for a in actions
+        if not isinstance(a, argparse._HelpAction)
+        for option in a.option_strings
+        if option.startswith("--") and f"`{option}" not in text and f"{option}`" not in text
+    ]
+
+
+def test_every_render_option_is_on_the_render_page(monkeypatch):
+    from tandem_render.__main__ import parse_args
+
+    parser = _parser_of(parse_args, argparse.ArgumentParser, monkeypatch)
+    assert _undocumented(parser._actions, "render.md") == []
+
+
+def test_every_front_door_option_is_on_its_page(monkeypatch):
+    from tandem_front.__main__ import parse_args
+
+    parser = _parser_of(parse_args, argparse.ArgumentParser, monkeypatch)
+    assert _undocumented(parser._actions, "front-door.md") == []
+
+
+@pytest.mark.vllm
+def test_every_tandem_generate_option_is_on_the_generate_page(monkeypatch):
+    # vLLM's engine options are vLLM's to document; Tandem's own group is documented here.
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from tandem_generate.__main__ import parse_args
+
+    parser = _parser_of(parse_args, FlexibleArgumentParser, monkeypatch)
+    (ours,) = [g for g in parser._action_groups if g.title == "tandem generate"]
+    assert _undocumented(ours._group_actions, "generate.md") == []
+
+
+@pytest.mark.vllm
+def test_admin_keys_from_flags_or_the_environment(qwen2_dir, monkeypatch):
+    # Several keys: the flag repeated or listed, or the variable comma-separated.
+    from tandem_front.__main__ import parse_args as front_args
+    from tandem_generate.__main__ import parse_args as generate_args
+
+    door = ["--render", "http://r", "--generate", "http://g", "--model", "m"]
+    node = ["--model", qwen2_dir]
+    monkeypatch.delenv("TANDEM_ADMIN_API_KEY", raising=False)
+    assert front_args(door).admin_api_key == ()
+    assert generate_args(node)[0].admin_api_key == ()
+    flags = ["--admin-api-key", "a1", "a2", "--admin-api-key", "a3"]
+    assert front_args([*door, *flags]).admin_api_key == ("a1", "a2", "a3")
+    assert generate_args([*node, *flags])[0].admin_api_key == ("a1", "a2", "a3")
+    monkeypatch.setenv("TANDEM_ADMIN_API_KEY", " e1, e2 ,")
+    monkeypatch.setenv("TANDEM_UPSTREAM_ADMIN_API_KEY", "up")
+    assert front_args(door).admin_api_key == ("e1", "e2")
+    assert front_args(door).upstream_admin_api_key == "up"
+    assert generate_args(node)[0].admin_api_key == ("e1", "e2")
+    assert generate_args([*node, "--admin-api-key", "f"])[0].admin_api_key == ("f",)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tandem_client.discovery import parse_node_spec
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
@@ -61,6 +63,8 @@ def test_compose_services_and_profiles():
         assert "/health" in " ".join(svc["healthcheck"]["test"]), name
         assert svc["restart"] == "unless-stopped", name
         assert "TANDEM_API_KEY" in svc["environment"], name
+        if name.startswith(("generate", "front")):
+            assert "TANDEM_ADMIN_API_KEY" in svc["environment"], name
 
 
 def test_compose_render_commands_are_accepted_by_the_cli():
@@ -77,10 +81,13 @@ def test_the_front_door_is_the_one_url_over_both_tiers():
         assert svc["entrypoint"] == ["python", "-m", "tandem_front"]
         settings = front_settings(svc["command"])
         assert settings.port == 8000 and settings.host == "0.0.0.0"
-        assert settings.render_urls == (f"http://render{tier}:8100",)
-        assert settings.generate_urls == (f"http://generate{tier}:8200",)
+        # Every replica of each tier, by its service name (compose's DNS answers them all).
+        assert settings.render_urls == (f"dns+http://render{tier}:8100",)
+        assert settings.generate_urls == (f"dns+http://generate{tier}:8200",)
         assert set(svc["depends_on"]) == {f"render{tier}", f"generate{tier}"}
         assert "TANDEM_UPSTREAM_API_KEY" in svc["environment"]
+        # Control through the door: its callers' admin key, and the one it sends the nodes.
+        assert {"TANDEM_ADMIN_API_KEY", "TANDEM_UPSTREAM_ADMIN_API_KEY"} <= set(svc["environment"])
     (front,) = [
         d
         for d in k8s_docs()
@@ -89,10 +96,34 @@ def test_the_front_door_is_the_one_url_over_both_tiers():
     (container,) = front["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["python", "-m", "tandem_front"]
     settings = front_settings(container["args"])
-    assert settings.render_urls == ("http://tandem-render:8100",)
-    assert settings.generate_urls == ("http://tandem-generate-0.tandem-generate:8200",)
     env = {e["name"] for e in container["env"]}
-    assert {"TANDEM_API_KEY", "TANDEM_UPSTREAM_API_KEY"} <= env
+    assert {
+        "TANDEM_API_KEY",
+        "TANDEM_UPSTREAM_API_KEY",
+        "TANDEM_ADMIN_API_KEY",
+        "TANDEM_UPSTREAM_ADMIN_API_KEY",
+    } <= env
+    # Each tier is found through a headless Service over its pods: scaling needs no edit.
+    for (spec,), workload in (
+        (settings.render_urls, "tandem-render"),
+        (settings.generate_urls, "tandem-generate"),
+    ):
+        node = parse_node_spec(spec)
+        assert node.name is not None, spec
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_docs()}
+        svc = docs["Service", node.name]
+        assert svc["spec"]["clusterIP"] == "None", "a ClusterIP resolves to one address"
+        (pods,) = [
+            d
+            for (kind, name), d in docs.items()
+            if name == workload and kind in ("Deployment", "StatefulSet")
+        ]
+        labels = pods["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= labels.items()
+        (port,) = svc["spec"]["ports"]
+        (served,) = pods["spec"]["template"]["spec"]["containers"]
+        named = {p["name"]: p["containerPort"] for p in served["ports"]}
+        assert port["port"] == node.port == named[port["targetPort"]], spec
 
 
 @pytest.mark.vllm
@@ -150,6 +181,10 @@ def test_k8s_manifests():
         assert container["readinessProbe"]["httpGet"]["path"] == "/health"
         secret = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}["TANDEM_API_KEY"]
         assert secret["secretKeyRef"]["name"] == "tandem-api-key"
+        if d["metadata"]["name"] != "tandem-render":
+            admin = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}
+            ref = admin["TANDEM_ADMIN_API_KEY"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) == ("tandem-admin-api-key", "admin-api-key")
         assert (
             d["spec"]["selector"]["matchLabels"].items()
             <= d["spec"]["template"]["metadata"]["labels"].items()
@@ -184,6 +219,21 @@ def test_dockerfiles_run_the_tested_commands():
 HADOLINT = shutil.which("hadolint") or shutil.which(
     "hadolint", path=str(Path(sys.executable).parent)
 )
+
+
+KUBERNETES_VALIDATE = shutil.which("kubernetes-validate") or shutil.which(
+    "kubernetes-validate", path=str(Path(sys.executable).parent)
+)
+
+
+@pytest.mark.skipif(KUBERNETES_VALIDATE is None, reason="kubernetes-validate is not installed")
+def test_k8s_manifests_validate_strictly():
+    manifests = [str(p) for p in sorted((DEPLOY / "k8s").glob("*.yaml"))]
+    manifests.remove(str(DEPLOY / "k8s" / "kustomization.yaml"))  # kustomize's, not the API's
+    done = subprocess.run(
+        [KUBERNETES_VALIDATE, "--strict", *manifests], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed")

@@ -3,6 +3,8 @@ client maps each to the exception a caller expects."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import tandem_client as tc
@@ -45,6 +47,8 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     http.TooManyItems: tc.BadRequestError,
     http.MmEmbedsDisabled: tc.BadRequestError,
     http.Overloaded: tc.OverloadedError,
+    http.AdminRequired: tc.AuthenticationError,
+    http.ControlRoutesDisabled: tc.BadRequestError,
     # render
     render.MediaError: tc.MediaError,
     render.MediaSchemeNotAllowed: tc.MediaError,
@@ -60,17 +64,21 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     gen.InvalidPlaceholders: tc.BadRequestError,
     gen.InvalidItem: tc.BadRequestError,
     gen.UnsupportedSamplingParams: tc.BadRequestError,
+    gen.StructuredOutputsDisabled: tc.BadRequestError,
+    gen.StructuredOutputTooLarge: tc.BadRequestError,
+    gen.InvalidStructuredOutput: tc.BadRequestError,
     gen.EngineNotReady: tc.ServerError,
-    gen.ControlRoutesDisabled: tc.BadRequestError,
     gen.InvalidWeightUpdate: tc.WeightUpdateError,
     gen.WeightPathNotAllowed: tc.WeightUpdateError,
     gen.WeightUpdateConflict: tc.WeightUpdateError,
     gen.WeightTransferNotConfigured: tc.WeightUpdateError,
+    gen.WeightCheckpointUnavailable: tc.WeightUpdateError,
+    gen.PrefixCacheNotReset: tc.ServerError,
     # front door
     front.UpstreamUnavailable: tc.ServerError,
     front.UpstreamError: tc.ServerError,
-    front.ControlPartialFailure: tc.ServerError,
-    front.ControlRoutesDisabled: tc.BadRequestError,
+    front.UpstreamTimeout: tc.ServerError,
+    front.ControlPartialFailure: tc.FleetPartialFailure,
 }
 
 # Package bases: never raised themselves.
@@ -133,3 +141,10 @@ def test_handler_types_map_to_client_exceptions(
     # The types tandem_http answers with itself (API key, routing, validation, bugs).
     exc = error_from_response(status, {"error": {"type": type_, "message": "m"}})
     assert type(exc) is cls
+
+
+def test_every_type_is_documented():
+    # A caller who meets a type finds it in the docs (the wire, service and RL pages).
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    text = " ".join(p.read_text() for p in docs.rglob("*.md"))
+    assert sorted(v for v in CONSTANTS.values() if f"`{v}`" not in text) == []

@@ -71,7 +71,7 @@ def test_front_door_imports_vllm_only_in_its_adapter():
     offenders = [
         path.name
         for path in (ROOT / "services" / "tandem_front").glob("*.py")
-        if path.name != "vllm_texts.py"
+        if path.name != "vllm_answers.py"
         and "vllm" in {n.split(".")[0] for n in _module_imports(path)}
     ]
     assert offenders == []
@@ -137,6 +137,7 @@ def test_wire_public_api_is_pinned():
             "PlaceholderRange",
             "PromptLogprob",
             "RAW_TENSOR_EXT",
+            "SYSTEM_FINGERPRINT_HEADER",
             "ShapeMismatch",
             "SharedLayout",
             "TandemHTTPError",

@@ -7,6 +7,7 @@ import json
 
 import httpx
 import msgspec
+import numpy as np
 import pytest
 
 from tandem_client import (
@@ -89,6 +90,7 @@ def client_with(handler, **kwargs) -> AsyncTandemClient:
     [
         (400, "invalid_request", BadRequestError),
         (401, "unauthorized", AuthenticationError),
+        (403, "admin_required", AuthenticationError),
         (404, "model_not_found", ModelNotFoundError),
         (409, "mm_cache_miss", CacheMissError),
         (413, "payload_too_large", PayloadTooLargeError),
@@ -263,6 +265,47 @@ async def test_generate_routing_follows_the_item_hash():
             await c.generate(image_request((h * 64,)))
     assert hits[0] == hits[4] and hits[1] == hits[5]
     assert hits == [rendezvous(h * 64, urls) for h in "abcdab"]
+
+
+async def test_control_calls_carry_the_admin_key_and_the_rest_the_inference_key(tmp_path):
+    seen = []
+
+    def handler(request):
+        seen.append((request.url.path, request.headers["authorization"]))
+        if request.url.path == "/inference/v1/generate":
+            return answer()
+        return httpx.Response(200, json={"weight_version": "v"})
+
+    async with client_with(handler, api_key="k", admin_api_key="a", weight_dir=tmp_path) as c:
+        await c.generate(image_request())
+        await c.pause()
+        await c.resume()
+        await c.update_weights({"w": np.zeros(2, "float32")}, version="v")
+        await c.weight_versions()
+    # The update asks the nodes' versions around its steps (fencing): read-only, inference key.
+    keys = dict(seen)
+    assert [p for p, _ in seen if p != "/weight_info"] == [
+        "/inference/v1/generate",
+        "/pause",
+        "/resume",
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+    ]
+    assert keys == {
+        "/inference/v1/generate": "Bearer k",
+        "/pause": "Bearer a",
+        "/resume": "Bearer a",
+        "/start_weight_update": "Bearer a",
+        "/update_weights": "Bearer a",
+        "/finish_weight_update": "Bearer a",
+        "/weight_info": "Bearer k",
+    }
+    assert {k for p, k in seen if p == "/weight_info"} == {"Bearer k"}
+    seen.clear()
+    async with client_with(handler, api_key="k") as c:  # no admin key: the one key it has
+        await c.pause()
+    assert seen == [("/pause", "Bearer k")]
 
 
 def test_rendezvous_moves_only_the_keys_of_a_removed_node():

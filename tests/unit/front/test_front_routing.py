@@ -20,6 +20,7 @@ from tandem_front.settings import FrontSettings
 from tandem_http import Drain
 from tandem_http.draining import DrainGate
 from tandem_wire import compress_zstd
+from tandem_wire.control import CONTROL_ROUTES
 from tests.support.asgi import app_client
 
 pytestmark = pytest.mark.anyio
@@ -39,9 +40,14 @@ class Node:
 
     async def handle(self, request: Request) -> Response:
         body = await request.body()
+        if request.url.path == "/weight_info" and request.method == "GET":
+            # The door's own poll of versions (fencing), not a request of the test's.
+            return JSONResponse({"weight_version": "default", "updated_at": None})
         self.seen.append((request.url.path, body, dict(request.headers)))
         if request.url.path == "/inference/v1/generate" and self.status == 200:
             return JSONResponse(self.answer)
+        if request.url.path == "/is_paused" and self.status == 200:
+            return JSONResponse({"is_paused": False})
         if self.status >= 400:
             err = {
                 "error": {
@@ -53,15 +59,8 @@ class Node:
         return JSONResponse({"node": self.name, "reset": True}, headers=self.headers)
 
     def app(self) -> Starlette:
-        paths = [
-            "/health",
-            "/inference/v1/generate",
-            "/v1/chat/completions/render",
-            "/reset_prefix_cache",
-            "/pause",
-            "/is_paused",
-            "/get_world_size",
-        ]
+        paths = ["/health", "/inference/v1/generate", "/v1/chat/completions/render"]
+        paths += [r.path for r in CONTROL_ROUTES]
         return Starlette(routes=[Route(p, self.handle, methods=["GET", "POST"]) for p in paths])
 
 
@@ -309,6 +308,19 @@ async def test_control_partial_failure_names_the_failed_nodes():
     assert [p for p, _, _ in f.nodes["g1"].seen] == ["/pause"]  # it did reach the others
 
 
+async def test_is_paused_is_an_error_when_a_node_does_not_tell():
+    # A trainer waits on /is_paused for the fleet to be quiet: a node that cannot be asked
+    # must not count as an unpaused one.
+    f = fleet()
+    f.down.add("g3")
+    async with app_client(create_app(settings(), Texts(), f)) as c:
+        r = await c.get("/is_paused")
+    assert r.status_code == 502
+    err = r.json()["error"]
+    assert err["type"] == "control_partial_failure"
+    assert [x["url"] for x in err["details"]["failed"]] == ["http://g3"]
+
+
 async def test_control_refused_the_same_way_everywhere_is_that_refusal():
     f = fleet(g1=429, g2=429, g3=429)
     async with app_client(create_app(settings(), Texts(), f)) as c:
@@ -316,7 +328,7 @@ async def test_control_refused_the_same_way_everywhere_is_that_refusal():
     assert r.status_code == 429 and r.json()["error"]["type"] == "overloaded"
 
 
-async def test_state_changing_control_needs_a_key_or_the_flag():
+async def test_state_changing_control_needs_an_admin_key_or_the_flag():
     f = fleet()
     s = settings(enable_control_routes=False)
     async with app_client(create_app(s, Texts(), f)) as c:
@@ -325,12 +337,19 @@ async def test_state_changing_control_needs_a_key_or_the_flag():
         assert r.json()["error"]["type"] == "control_routes_disabled"
         assert not any(n.seen for n in f.nodes.values())
         # Read-only ones are served, combined over the nodes.
-        r = await c.get("/get_world_size")
-    assert r.status_code == 200 and r.json() == {"world_size": 0}
-    keyed = settings(enable_control_routes=False, api_key="k")
-    async with app_client(create_app(keyed, Texts(), f)) as c:
-        r = await c.post("/reset_prefix_cache", headers={"authorization": "Bearer k"})
-    assert r.status_code == 200
+        r = await c.get("/is_paused")
+    assert r.status_code == 200 and r.json() == {"is_paused": False}
+    # An inference key alone is no admin key: refused unless the operator opens the routes.
+    auth = {"authorization": "Bearer k"}
+    for enabled, status in ((False, 403), (True, 200)):
+        keyed = settings(enable_control_routes=enabled, api_key="k")
+        f = fleet()
+        async with app_client(create_app(keyed, Texts(), f)) as c:
+            r = await c.post("/reset_prefix_cache", headers=auth)
+        assert r.status_code == status, enabled
+        assert bool(f.nodes["g1"].seen) is enabled
+        if not enabled:
+            assert r.json()["error"]["type"] == "admin_required"
 
 
 async def test_health_names_the_missing_tier():

@@ -7,7 +7,7 @@ import json
 import msgspec
 import pytest
 
-from tandem_wire import WireFormat, encode_generate_request
+from tandem_wire import SYSTEM_FINGERPRINT_HEADER, WireFormat, encode_generate_request
 
 from ...support.asgi import app_client
 from ...support.images import data_url, png_bytes
@@ -246,3 +246,21 @@ async def test_the_default_body_limit_follows_from_the_model(
         )
         assert len(encode_generate_request(big, WireFormat.JSON)) < limit
         assert len(tokens(await post(c, big))) == 8
+
+
+async def test_answers_carry_the_engine_fingerprint_as_vllm_serve_computes_it(app, qwen2_engine):
+    from vllm import __version__
+
+    body = {"token_ids": [1017, 359, 198], "sampling_params": {"max_tokens": 1}}
+    async with app_client(app) as c:
+        whole = await c.post("/inference/v1/generate", json=body)
+        async with c.stream(
+            "POST", "/inference/v1/generate", json={**body, "stream": True}
+        ) as streamed:
+            await streamed.aread()
+    told = {
+        whole.headers.get(SYSTEM_FINGERPRINT_HEADER),
+        streamed.headers.get(SYSTEM_FINGERPRINT_HEADER),
+    }
+    # vllm-<version>-<first 8 of the engine config's hash>, as vllm serve's default mode.
+    assert told == {f"vllm-{__version__}-{qwen2_engine.vllm_config.compute_hash()[:8]}"}

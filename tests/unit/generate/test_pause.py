@@ -108,13 +108,16 @@ STATE_CHANGING = [
     ("/start_weight_update", {}),
     ("/update_weights", {"update_info": {"path": "x"}}),
     ("/finish_weight_update", {}),
+    ("/abort_weight_update", None),
     ("/update_weight_version", {"new_version": "x"}),
     ("/reset_prefix_cache", None),
 ]
 
 
 @pytest.mark.parametrize(("path", "body"), STATE_CHANGING)
-async def test_state_changing_routes_need_a_key_or_the_flag(qwen2_engine, qwen2_dir, path, body):
+async def test_state_changing_routes_need_an_admin_key_or_the_flag(
+    qwen2_engine, qwen2_dir, path, body
+):
     closed = generate_app(qwen2_engine, qwen2_dir)
     async with app_client(closed) as c:
         r = await c.post(path, json=body)
@@ -122,21 +125,66 @@ async def test_state_changing_routes_need_a_key_or_the_flag(qwen2_engine, qwen2_
         for route in ("/is_paused", "/weight_info", "/get_world_size", "/server_info"):
             assert (await c.get(route)).status_code == 200
         assert (await c.get("/is_paused")).json() == {"is_paused": False}
-        assert (await c.get("/weight_info")).json() == {"weight_version": "default"}
+        assert (await c.get("/weight_info")).json()["weight_version"] == "default"
     keyed = generate_app(qwen2_engine, qwen2_dir, api_key="k")
     async with app_client(keyed) as c:
         r = await c.post(path, json=body)
         assert r.status_code == 401
         assert (await c.get("/is_paused")).status_code == 401
+        # An inference key is no admin key: without --enable-control-routes, refused.
+        r = await c.post(path, json=body, headers={"authorization": "Bearer k"})
+        assert r.status_code == 403 and r.json()["error"]["type"] == "admin_required"
 
 
-async def test_with_a_key_the_routes_are_served_behind_it(qwen2_engine, qwen2_dir):
-    keyed = generate_app(qwen2_engine, qwen2_dir, api_key="k")
+async def test_without_admin_keys_the_flag_serves_the_routes_behind_the_key(
+    qwen2_engine, qwen2_dir
+):
+    keyed = generate_app(qwen2_engine, qwen2_dir, api_key="k", enable_control_routes=True)
     async with app_client(keyed, headers={"authorization": "Bearer k"}) as c:
         assert (await c.post("/reset_prefix_cache")).status_code == 200
         assert (await c.post("/pause", params={"mode": "abort"})).status_code == 200
         assert (await c.post("/resume")).status_code == 200
         assert (await c.get("/is_paused")).json() == {"is_paused": False}
+
+
+async def test_an_inference_key_changes_nothing_and_an_admin_key_may(
+    qwen2_engine, qwen2_renderer, qwen2_dir, tmp_path
+):
+    # The flag is on too: once admin keys are set, it lets no inference key in.
+    app = generate_app(
+        qwen2_engine,
+        qwen2_dir,
+        api_key=("k", "k2"),
+        admin_api_key=("a", "a2"),
+        enable_control_routes=True,
+        weight_transfer_dir=str(tmp_path),
+    )
+    req = await render(qwen2_renderer, qwen2_dir, [1], **LONG)
+    inference = {"authorization": "Bearer k2"}
+    admin = {"authorization": "Bearer a2"}
+    async with app_client(app, headers=inference) as c:
+        running = asyncio.create_task(post(c, req))
+        await in_flight(qwen2_engine, 1)
+        for path, body in STATE_CHANGING:
+            r = await c.post(path, json=body)
+            assert r.status_code == 403, (path, r.text)
+            assert r.json()["error"]["type"] == "admin_required", path
+        # The engine's own state: not paused, same version, the request ran to its end, and
+        # no weight update was left started (an admin's start is not a conflict).
+        assert (await c.get("/is_paused")).json() == {"is_paused": False}
+        assert (await c.get("/weight_info")).json()["weight_version"] == "default"
+        answer = await running
+        assert answer["choices"][0]["finish_reason"] == "length"
+        assert len(tokens(answer)) == 600
+        assert (await c.post("/start_weight_update", headers=admin)).status_code == 200
+        r = await c.post("/finish_weight_update", json={"weight_version": "default"}, headers=admin)
+        assert r.status_code == 200
+        assert (await c.post("/pause", headers=admin)).status_code == 200
+        assert (await c.get("/is_paused")).json() == {"is_paused": True}
+        assert (await c.post("/resume", headers=admin)).status_code == 200
+        # An admin is a superset: it runs inference too.
+        c.headers.update(admin)
+        assert len(tokens(await post(c, req))) == 600
 
 
 async def test_abort_requests_by_the_callers_id(app, qwen2_engine, qwen2_renderer, qwen2_dir):

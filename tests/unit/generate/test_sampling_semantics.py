@@ -116,6 +116,9 @@ CHAT_FIELDS = [
     ("repetition_penalty", 1.0, "repetition_penalty", 1.0),
     ("ignore_eos", False, "ignore_eos", False),
     ("ignore_eos", True, "ignore_eos", True),
+    # Render writes vLLM's private derived fields for these (_all_stop_token_ids, ...).
+    ("stop_token_ids", [5], "stop_token_ids", [5]),
+    ("bad_words", ["hello"], "bad_words", ["hello"]),
 ]
 
 
@@ -132,6 +135,37 @@ async def test_chat_fields_reach_the_engine_as_asked(
 async def test_chat_logprobs_reach_the_engine(client, received):
     await client.chat(image_chat(5), max_tokens=2, logprobs=True, top_logprobs=0)
     assert received[0].logprobs == 0
+
+
+def long_chat(words: int) -> list[dict]:
+    text = {"type": "text", "text": "hi " * words}
+    return [{"role": "user", "content": [image_chat(8)[0]["content"][0], text]}]
+
+
+async def test_max_tokens_beyond_the_room_left_is_clamped_as_vllm_serve_does(
+    client, received, qwen2_engine
+):
+    # vLLM's own to_sampling_params (in render) clamps max_tokens to the room the prompt
+    # leaves; a client that wrote the caller's value back would get generate's 400.
+    limit = qwen2_engine.max_model_len
+    too_many = limit  # vLLM refuses more than the context; up to it, clamps to the room left
+    # Prompts that leave a few tokens of room (the clamp is then fast to generate to).
+    short, longer = [len((await client.render_chat(long_chat(k))).token_ids) for k in (1, 101)]
+    words = 1 + (limit - 6 - short) * 100 // (longer - short)
+    prompt = (await client.render_chat(long_chat(words))).token_ids
+    image_len = len(
+        (await client.render_completion([PROMPT], images=[[png_bytes(seed=9)]]))[0].token_ids
+    )
+    ids = PROMPT[:-5] + [100] * (limit - 6 - image_len) + PROMPT[-5:]
+    assert 0 < limit - len(prompt) <= 32
+
+    answer = await client.chat(long_chat(words), max_tokens=too_many)
+    out = await client.rollout([ids], [[png_bytes(seed=9)]], max_tokens=too_many, progress=False)
+    assert answer.choices and out.completion_ids
+    assert [p.max_tokens for p in received] == [
+        limit - len(prompt),
+        limit - len(out.prompt_ids[0]),
+    ]
 
 
 async def test_chat_with_max_tokens_16_generates_16(client):

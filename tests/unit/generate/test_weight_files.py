@@ -10,11 +10,14 @@ import pytest
 
 from tandem_client.weights import write_safetensors
 from tandem_generate.weight_files import (
+    WEIGHT_DTYPES,
     TensorSpec,
     WeightFileRefused,
     check_update,
+    checkpoint_spec,
     confine,
     layer_group,
+    model_folder,
     read_header,
 )
 
@@ -38,7 +41,7 @@ def raw(path, header: dict, data: bytes = b"", length: int | None = None):
         ({}, b"", 10**12, "header length"),
         ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"1234", None, "offsets"),
         ({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"12345678", None, "byte"),
-        ({"t": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, b"12345678", None, "dtype"),
+        ({"t": {"dtype": "X9", "shape": [1], "data_offsets": [0, 8]}}, b"12345678", None, "X9"),
         ({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}, b"", None, "shape"),
         ({"t": [1, 2]}, b"", None, "malformed"),
     ],
@@ -105,3 +108,70 @@ def test_updates_are_checked_against_the_model():
     for update in refused.values():
         with pytest.raises(WeightFileRefused):
             check_update(update, MODEL)
+
+
+def test_every_dtype_the_engine_loads_is_read_with_its_size():
+    """The table is safetensors' own (the engine loads update files with it), FP8 included."""
+    import torch
+    from safetensors.torch import _TYPES
+
+    assert set(WEIGHT_DTYPES) == set(_TYPES)
+    for tag, dtype in _TYPES.items():
+        assert WEIGHT_DTYPES[tag] == (str(dtype).removeprefix("torch."), dtype.itemsize), tag
+    assert torch.float8_e4m3fn in _TYPES.values()
+
+
+def test_an_fp8_checkpoint_is_read_and_checked(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file(
+        {"w": torch.zeros(4, 8).to(torch.float8_e4m3fn), "s": torch.ones(4)},
+        str(tmp_path / "model.safetensors"),
+    )
+    spec = checkpoint_spec(tmp_path)
+    assert spec == {"w": TensorSpec("float8_e4m3fn", (4, 8)), "s": TensorSpec("float32", (4,))}
+    check_update({"w": TensorSpec("float8_e4m3fn", (4, 8))}, {"w": spec["w"]})
+
+
+def test_a_model_that_cannot_be_read_is_refused_as_the_models_fault(tmp_path):
+    with pytest.raises(WeightFileRefused) as refused:
+        checkpoint_spec(tmp_path)  # no checkpoint at all
+    assert refused.value.kind == "model"
+    raw(
+        tmp_path / "model.safetensors",
+        {"t": {"dtype": "X9", "shape": [1], "data_offsets": [0, 1]}},
+        b"1",
+    )
+    with pytest.raises(WeightFileRefused, match="X9") as refused:
+        checkpoint_spec(tmp_path)
+    assert refused.value.kind == "model"
+    with pytest.raises(WeightFileRefused) as refused:
+        model_folder("no-such-org/no-such-model")  # no local copy (the hub is offline here)
+    assert refused.value.kind == "model"
+
+
+@pytest.mark.vllm
+@pytest.mark.anyio
+async def test_updates_on_a_node_without_its_checkpoint_are_a_typed_409(tmp_path):
+    from types import SimpleNamespace
+
+    from tandem_generate.control import EngineControl
+    from tandem_generate.errors import WeightCheckpointUnavailable
+
+    folder = tmp_path / "w"
+    folder.mkdir()
+    write_safetensors({"lm_head.weight": np.zeros((8, 4), np.float32)}, folder)
+    (name,) = [p.name for p in folder.iterdir()]
+    model_config = SimpleNamespace(
+        model="no-such-org/no-such-model", revision=None, dtype="float32"
+    )
+    engine = SimpleNamespace(
+        llm=None,
+        model_config=model_config,
+        vllm_config=SimpleNamespace(weight_transfer_config=SimpleNamespace(backend="tandem_file")),
+    )
+    control = EngineControl(engine, str(folder))  # type: ignore[arg-type]
+    with pytest.raises(WeightCheckpointUnavailable) as refused:
+        control._checked_files({"path": name})
+    assert refused.value.status_code == 409

@@ -124,7 +124,9 @@ async def test_update_gives_the_tokens_of_an_engine_loaded_from_the_new_checkpoi
         ]
         await push(c, str(update), "step-1")  # an absolute path inside the folder
         after = await post(c, req)
-        assert (await c.get("/weight_info")).json() == {"weight_version": "step-1"}
+        info = (await c.get("/weight_info")).json()
+        assert info["weight_version"] == "step-1" and not info["updating"]
+        assert isinstance(info["updated_at"], float)  # what routers tell the fleet's version by
     assert tokens(after) == expected
     assert tokens(after) != tokens(before)
     assert after["choices"][0]["weight_versions"] == [{"version": "step-1", "start": 0, "end": 8}]
@@ -196,11 +198,41 @@ async def test_calls_out_of_order_are_refused_as_vllm_refuses_them(app, qwen2_di
         assert (await c.post("/finish_weight_update", json={})).status_code == 200
 
 
+async def test_an_aborted_update_loads_nothing_and_ends_the_update(
+    app, qwen2_renderer, qwen2_dir, weight_dir
+):
+    update = save(perturbed(qwen2_dir), weight_dir / "step-1.safetensors")
+    req = await render(qwen2_renderer, qwen2_dir, [3], **GREEDY)
+    async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
+        before = tokens(await post(c, req))
+        stamp = (await c.get("/weight_info")).json()["updated_at"]
+        assert (await c.post("/start_weight_update", json={})).status_code == 200
+        r = await c.post("/update_weights", json={"update_info": {"path": update.name}})
+        assert r.status_code == 200, r.text
+        assert (await c.get("/weight_info")).json()["updating"] is True
+        r = await c.post("/abort_weight_update")
+        assert r.status_code == 200 and r.json()["aborted"] is True
+        # Nothing staged survives: a finish now has no update to end, and nothing changed.
+        r = await c.post("/finish_weight_update", json={"weight_version": "step-1"})
+        assert (r.status_code, r.json()["error"]["type"]) == (409, "weight_update_conflict")
+        info = (await c.get("/weight_info")).json()
+        assert (info["weight_version"], info["updating"], info["updated_at"]) == (
+            "default",
+            False,
+            stamp,
+        )
+        assert tokens(await post(c, req)) == before
+        assert (await c.post("/abort_weight_update")).json()["aborted"] is False
+        # The engine takes the next update as usual.
+        await push(c, update.name, "step-1")
+        assert tokens(await post(c, req)) != before
+
+
 async def test_version_label_without_new_weights(app, qwen2_dir, weight_dir):
     async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
         r = await c.post("/update_weight_version", json={"new_version": "relabelled"})
         assert r.json() == {"success": True, "new_version": "relabelled"}
-        assert (await c.get("/weight_info")).json() == {"weight_version": "relabelled"}
+        assert (await c.get("/weight_info")).json()["weight_version"] == "relabelled"
 
 
 async def test_server_info_and_world_size_answer_as_trl_reads_them(app):
@@ -243,3 +275,51 @@ async def test_the_client_updates_the_nodes_and_rollouts_name_the_version(
             await client.update_weights(checkpoint(qwen2_dir), version="default")
         restored_ = await client.rollout(["a red square", "two cats"], **sampling)
         assert restored_.completion_ids == before.completion_ids
+
+
+async def cached_tokens(engine, prompt: list[int]) -> int:
+    """Prompt tokens the engine served from its prefix cache for one request (its own count)."""
+    import secrets
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    final = None
+    async for out in engine.llm.generate(
+        TokensPrompt(prompt_token_ids=prompt), params, f"probe-{secrets.token_hex(4)}"
+    ):
+        final = out
+    assert final is not None and final.num_cached_tokens is not None
+    return int(final.num_cached_tokens)
+
+
+async def test_an_update_while_requests_run_leaves_no_old_kv_to_reuse(
+    app, qwen2_engine, qwen2_dir, weight_dir
+):
+    """vLLM refuses a plain prefix-cache reset while a request holds KV blocks; the update
+    must still end with no KV of the old weights reusable (the engine's own count of cached
+    prompt tokens), and the running request completes."""
+    import asyncio
+
+    from tandem_wire import GenerateRequest
+
+    prompt = [300 + (i * 37) % 600 for i in range(640)]  # several whole KV blocks
+    long = GenerateRequest(
+        token_ids=[301, 302, 303],
+        sampling_params={"temperature": 0.0, "max_tokens": 2000, "ignore_eos": True},
+    )
+    same = save(checkpoint(qwen2_dir), weight_dir / "same.safetensors")
+    async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
+        await cached_tokens(qwen2_engine, prompt)
+        assert await cached_tokens(qwen2_engine, prompt) > 0  # the baseline: a repeat hits
+
+        running = asyncio.create_task(post(c, long))
+        while not qwen2_engine.llm.output_processor.request_states:
+            await asyncio.sleep(0.05)
+        await push(c, same.name, "same-weights")
+        assert not running.done()  # the update happened while the request ran
+        assert await cached_tokens(qwen2_engine, prompt) == 0
+        answer = await running
+    assert len(tokens(answer)) == 2000
+    assert answer["choices"][0]["weight_versions"][-1]["version"] == "same-weights"

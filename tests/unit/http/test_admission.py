@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
@@ -16,16 +17,18 @@ from tandem_http import (
     Overloaded,
     admitted,
     install_error_handlers,
+    read_body,
 )
+from tandem_wire import PayloadTooLarge, compress_zstd
 
 from ...support.asgi import AsgiCall
 
 pytestmark = pytest.mark.anyio
 
 
-def gate_app(limit: int) -> tuple[FastAPI, AdmissionGate, dict]:
+def gate_app(limit: int, max_bytes: int | None = None) -> tuple[FastAPI, AdmissionGate, dict]:
     registry = CollectorRegistry()
-    gate = AdmissionGate(limit, "tandem_test", registry)
+    gate = AdmissionGate(limit, "tandem_test", registry, max_bytes=max_bytes)
     seen = {"bodies_read": 0, "streams_started": 0}
     release = asyncio.Event()
     app = FastAPI()
@@ -34,7 +37,7 @@ def gate_app(limit: int) -> tuple[FastAPI, AdmissionGate, dict]:
     @app.post("/work")
     @admitted(gate)
     async def work(request: Request) -> Response:
-        await request.body()
+        await read_body(request, 1 << 20)
         seen["bodies_read"] += 1
         await release.wait()
         return JSONResponse({"ok": True})
@@ -53,7 +56,13 @@ def gate_app(limit: int) -> tuple[FastAPI, AdmissionGate, dict]:
     @app.post("/fail")
     @admitted(gate)
     async def fail(request: Request) -> Response:
+        await read_body(request, 1 << 20)
         raise RuntimeError("handler failed")
+
+    @app.post("/quick")
+    @admitted(gate)
+    async def quick(request: Request) -> Response:
+        return JSONResponse({"length": len(await read_body(request, 1 << 20))})
 
     app.state.release = release
     app.state.registry = registry
@@ -126,3 +135,179 @@ async def test_a_failing_handler_frees_its_slot() -> None:
         assert (await c.post("/fail")).status_code == 500
         assert (await c.post("/fail")).status_code == 500  # not 429: the first slot came back
         assert (await c.post("/work")).status_code == 200
+
+
+# Admission by bytes: the bodies a process holds, counted before they are read.
+
+
+class BodyCall:
+    """One request driven by hand: its body is handed over in ``chunks`` as the app asks,
+    and the chunks the app asked for are counted (a refused body is never asked for)."""
+
+    def __init__(
+        self, app, path: str, chunks: list[bytes], *, declare: bool = True, hold: bool = False
+    ) -> None:
+        self.chunks = list(chunks)
+        self.asked = 0
+        self.gone = asyncio.Event()
+        self.messages: list[dict] = []
+        headers = [(b"content-type", b"application/json")]
+        if declare:
+            headers.append((b"content-length", str(sum(map(len, chunks))).encode()))
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("app", 80),
+            "state": {},
+        }
+        self.task = asyncio.ensure_future(app(scope, self._receive, self._send))
+
+    async def _receive(self) -> dict:
+        if self.asked < len(self.chunks):
+            self.asked += 1
+            more = self.asked < len(self.chunks)
+            return {"type": "http.request", "body": self.chunks[self.asked - 1], "more_body": more}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: dict) -> None:
+        self.messages.append(message)
+
+    async def answer(self) -> tuple[int, dict[str, str], bytes]:
+        with contextlib.suppress(RuntimeError):  # Starlette re-raises after answering 500
+            await asyncio.wait_for(self.task, 30)
+        start = self.messages[0]
+        headers = {k.decode(): v.decode() for k, v in start["headers"]}
+        return start["status"], headers, b"".join(m.get("body", b"") for m in self.messages[1:])
+
+
+async def until(condition) -> None:
+    for _ in range(3000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never met")
+
+
+async def test_past_the_byte_budget_the_answer_is_429_before_any_of_the_body_is_read() -> None:
+    app, gate, seen = gate_app(limit=10, max_bytes=1000)
+    holder = BodyCall(app, "/work", [b"a" * 700])
+    await until(lambda: seen["bodies_read"] == 1)
+    refused = BodyCall(app, "/work", [b"b" * 200, b"c" * 200])  # 700 + 400 > 1000
+    status, headers, body = await refused.answer()
+    assert status == 429
+    assert headers["retry-after"] == "1"
+    assert b'"overloaded"' in body
+    assert refused.asked == 0  # not one body message was taken from the client
+    assert seen["bodies_read"] == 1
+    fits = BodyCall(app, "/quick", [b"d" * 300])  # 700 + 300: exactly the budget
+    assert (await fits.answer())[0] == 200
+    app.state.release.set()
+    assert (await holder.answer())[0] == 200
+    assert gate.held == 0
+    assert app.state.registry.get_sample_value("tandem_test_held_bytes") == 0.0
+
+
+async def test_a_body_larger_than_the_whole_budget_is_413_unread() -> None:
+    app, gate, seen = gate_app(limit=10, max_bytes=1000)
+    call = BodyCall(app, "/quick", [b"x" * 1001])
+    status, _, body = await call.answer()
+    assert status == 413
+    assert b'"payload_too_large"' in body
+    assert call.asked == 0
+    # A chunked body that passes the whole budget on its own is 413 too, as it is read.
+    call = BodyCall(app, "/quick", [b"x" * 600, b"y" * 600, b"z" * 600], declare=False)
+    assert (await call.answer())[0] == 413
+    assert call.asked == 2
+    assert gate.held == 0
+
+
+async def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_budget() -> None:
+    app, gate, seen = gate_app(limit=10, max_bytes=1000)
+    holder = BodyCall(app, "/work", [b"a" * 600])
+    await until(lambda: seen["bodies_read"] == 1)
+    chunked = BodyCall(app, "/quick", [b"x" * 200] * 10, declare=False)
+    status, headers, _ = await chunked.answer()
+    assert (status, headers["retry-after"]) == (429, "1")
+    assert chunked.asked == 3  # 600 + 200 + 200 fit; the third chunk passed the budget
+    assert gate.held == 600  # the refused request's bytes came back at once
+    app.state.release.set()
+    await holder.answer()
+    assert gate.held == 0
+
+
+async def test_bytes_come_back_after_an_answer_an_error_a_stream_and_a_client_leaving() -> None:
+    app, gate, seen = gate_app(limit=10, max_bytes=1000)
+    whole = [b"w" * 1000]  # admitted only when nothing else is held
+
+    async def admitted_whole() -> bool:
+        return (await BodyCall(app, "/quick", whole).answer())[0] == 200
+
+    assert (await BodyCall(app, "/quick", [b"q" * 900]).answer())[0] == 200
+    assert await admitted_whole()
+    assert (await BodyCall(app, "/fail", [b"f" * 900]).answer())[0] == 500
+    assert await admitted_whole()
+
+    stream = AsgiCall(app, "POST", "/stream", b"s" * 900, {"content-length": "900"})
+    assert await stream.status() == 200
+    assert await stream.chunk() == b"first\n"
+    assert (await BodyCall(app, "/quick", [b"n" * 200]).answer())[0] == 429  # held mid-stream
+    app.state.release.set()
+    assert await stream.chunk() == b"last\n"
+    await asyncio.wait_for(stream.task, 10)
+    assert await admitted_whole()
+
+    app.state.release.clear()
+    leaving = AsgiCall(app, "POST", "/stream", b"s" * 900, {"content-length": "900"})
+    assert await leaving.status() == 200
+    assert await leaving.chunk() == b"first\n"
+    await leaving.hang_up()
+    assert await admitted_whole()
+    assert gate.held == 0 and gate.current == 0
+
+
+async def test_a_decoded_copy_is_held_too() -> None:
+    app, gate, seen = gate_app(limit=10, max_bytes=10_000)
+    frame = compress_zstd(bytes(8000))  # tiny on the wire, 8000 bytes once decoded
+    holder = AsgiCall(
+        app,
+        "POST",
+        "/work",
+        frame,
+        {"content-length": str(len(frame)), "content-encoding": "zstd"},
+    )
+    await until(lambda: seen["bodies_read"] == 1)
+    assert gate.held == len(frame) + 8000
+    refused = BodyCall(app, "/quick", [b"x" * 2000])
+    assert (await refused.answer())[0] == 429
+    assert refused.asked == 0
+    app.state.release.set()
+    assert await holder.status() == 200
+    await asyncio.wait_for(holder.task, 10)
+    assert gate.held == 0
+
+
+def test_the_gate_counts_bytes_beside_requests() -> None:
+    gate = AdmissionGate(5, "tandem_bytes", CollectorRegistry(), max_bytes=100)
+    with pytest.raises(PayloadTooLarge):
+        gate.admit(101)
+    first = gate.admit(60)
+    first.charge(30)  # what the service decoded: held, never refused
+    with pytest.raises(Overloaded):
+        gate.admit(11)
+    second = gate.admit(10)
+    first.release()
+    assert gate.held == 10
+    second.release()
+    assert (gate.held, gate.current) == (0, 0)
+    unbounded = AdmissionGate(5, "tandem_nobudget", CollectorRegistry(), max_bytes=0)
+    unbounded.admit(1 << 40).release()

@@ -11,6 +11,7 @@ from tandem_http import (
     ApiKeyMiddleware,
     RequestIdMiddleware,
     install_error_handlers,
+    is_admin,
     principal_of,
 )
 
@@ -118,3 +119,73 @@ async def test_several_keys_each_pass_and_are_told_apart() -> None:
             seen.append(r.json()["principal"])
         assert seen[0] == seen[2] != seen[1] and "k1" not in seen[0]
         assert (await c.get("/who", headers={"authorization": "Bearer k3"})).status_code == 401
+
+
+def who_app(**keys) -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(ApiKeyMiddleware, **keys)
+
+    @app.get("/who")
+    async def who(request: Request) -> dict[str, object]:
+        return {"principal": principal_of(request), "admin": is_admin(request)}
+
+    return app
+
+
+async def test_admin_keys_pass_as_admins_and_inference_keys_do_not() -> None:
+    app = who_app(api_key=("k1", "k2"), admin_key=("a1", "a2"))
+    async with client(app) as c:
+        seen = {}
+        for key in ("k1", "k2", "a1", "a2"):
+            r = await c.get("/who", headers={"authorization": f"Bearer {key}"})
+            assert r.status_code == 200
+            seen[key] = r.json()
+        assert [seen[k]["admin"] for k in ("k1", "k2", "a1", "a2")] == [False, False, True, True]
+        assert len({s["principal"] for s in seen.values()}) == 4
+        assert (await c.get("/who")).status_code == 401
+        assert (await c.get("/who", headers={"authorization": "Bearer a3"})).status_code == 401
+
+
+async def test_with_admin_keys_only_other_callers_pass_as_no_one() -> None:
+    async with client(who_app(api_key=None, admin_key="a1")) as c:
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            r = await c.get("/who", headers=headers)
+            assert r.json() == {"principal": "", "admin": False}
+        r = await c.get("/who", headers={"authorization": "Bearer a1"})
+        assert r.json()["admin"] is True
+
+
+@pytest.mark.parametrize(
+    ("api_key", "admin_key", "enabled", "key", "refusal"),
+    [
+        (None, None, False, None, "control_routes_disabled"),
+        (None, None, True, None, None),
+        ("k", None, False, "k", "admin_required"),
+        ("k", None, True, "k", None),
+        ("k", "a", True, "k", "admin_required"),  # admin keys set: the flag changes nothing
+        ("k", "a", False, "a", None),
+        (None, "a", True, None, "admin_required"),
+    ],
+)
+async def test_control_access(api_key, admin_key, enabled, key, refusal) -> None:
+    from tandem_http import ControlAccess
+
+    access = ControlAccess(api_key, admin_key, enabled)
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(ApiKeyMiddleware, api_key=api_key, admin_key=admin_key)
+
+    @app.post("/pause")
+    async def pause(request: Request) -> dict[str, str]:
+        access.check(request, "/pause")
+        return {"status": "paused"}
+
+    headers = {"authorization": f"Bearer {key}", "accept": "application/json"} if key else {}
+    async with client(app) as c:
+        r = await c.post("/pause", headers=headers)
+    if refusal is None:
+        assert r.json() == {"status": "paused"}
+        return
+    assert (r.status_code, r.json()["error"]["type"]) == (403, refusal)
+    assert "/pause" in r.json()["error"]["message"]

@@ -455,3 +455,28 @@ async def test_vllm_failures_that_are_not_input_errors_are_500s_that_say_nothing
         err = r.json()["error"]
         assert (r.status_code, err["type"]) == (500, "internal_error"), r.text
         assert "secret" not in r.text and r.headers["x-request-id"] in err["message"]
+
+
+async def test_a_body_past_the_byte_budget_is_refused_before_it_is_read(settings, qwen2_renderer):
+    """--max-held-bytes: a request declaring more than a worker may hold is 413 before any of
+    its body is read (the ASGI app never asks for it), and the worker keeps serving."""
+    app = create_app(dataclasses.replace(settings, max_held_bytes=50_000), renderer=qwen2_renderer)
+    body = json.dumps(chat_body(settings.model, [data_url(png_bytes(seed=3))])).encode()
+    assert len(body) > 50_000
+    reads = 0
+
+    async def counted():
+        nonlocal reads
+        reads += 1
+        yield body
+
+    async with app_client(app) as c:
+        r = await c.post(
+            "/v1/chat/completions/render",
+            content=counted(),
+            headers={"content-type": "application/json", "content-length": str(len(body))},
+        )
+        assert (r.status_code, r.json()["error"]["type"]) == (413, "payload_too_large")
+        assert reads == 0
+        small = chat_body(settings.model, ["data:image/png;base64," + "A" * 8])
+        assert (await c.post("/v1/chat/completions/render", json=small)).status_code == 400

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from tandem_render.app import create_app
 from tandem_render.settings import RenderSettings
 
 from ...support.asgi import app_client
-from ...support.fuzz import keep_crash, mutations
+from ...support.fuzz import keep_crash, mutations, solid_pngs
 from ...support.images import chat_body, data_url, png_bytes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
@@ -60,3 +61,27 @@ async def test_kept_crashing_inputs_stay_fixed(qwen2_renderer, qwen2_dir, kept):
     async with app_client(app, raise_app_exceptions=False) as c:
         r = await c.post(path, content=json.dumps(doc).encode())
     assert r.status_code < 500, r.text
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_many_huge_single_colour_images_get_a_typed_4xx_fast(
+    qwen2_renderer, qwen2_dir, route
+):
+    # A generated hostile shape: as many 8000x8000 single-colour PNGs as a prompt may hold,
+    # ~200 KB each on the wire, 192 MB each decoded. Answered from the headers alone.
+    settings = RenderSettings(model=qwen2_dir, max_images_per_prompt=4, pretouch_cache_memory=False)
+    app = create_app(settings, renderer=qwen2_renderer)
+    images = [data_url(p) for p in solid_pngs(8000, 4)]
+    if route == "chat":
+        path, doc = "/v1/chat/completions/render", chat_body(qwen2_dir, images)
+    else:
+        pad = "<|vision_start|><|image_pad|><|vision_end|>"
+        path = "/v1/completions/render"
+        doc = {"model": qwen2_dir, "prompt": pad * 4, "images": [images]}
+    async with app_client(app, raise_app_exceptions=False) as c:
+        start = time.perf_counter()
+        r = await c.post(path, content=json.dumps(doc).encode())
+        seconds = time.perf_counter() - start
+    assert r.status_code in (400, 413), r.text
+    assert r.json()["error"]["type"] in ("media_too_large", "prompt_too_long")
+    assert seconds < 3.0, "decoding them took ~12 s (and ~2.6 GB) before the request budget"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -23,6 +25,10 @@ from tandem_wire import (
     decode_body,
     error_types,
 )
+from tandem_wire.content_coding import MAX_ZSTD_FRAMES, MAX_ZSTD_WINDOW
+
+from ...support import zstd_bodies
+from ...support.fuzz import keep_crash
 
 GOLDEN = Path(__file__).parent / "golden"
 MIB = 1024 * 1024
@@ -134,8 +140,19 @@ def test_a_frame_lying_about_its_size_is_malformed() -> None:
         compress_zstd(b"x" * 5000)[:-3],  # truncated
         unsized_frame(b"y" * 5000)[:-3],
         compress_zstd(b"z" * 5000) + b"trailing junk",
+        unsized_frame(b"z" * 5000) + b"trailing junk",
+        unsized_frame(b"z" * 5000) + b"\x28\xb5",
     ],
-    ids=["empty", "text", "magic-only", "truncated", "truncated-unsized", "trailing-junk"],
+    ids=[
+        "empty",
+        "text",
+        "magic-only",
+        "truncated",
+        "truncated-unsized",
+        "trailing-junk",
+        "trailing-junk-unsized",
+        "trailing-bytes-unsized",
+    ],
 )
 def test_corrupt_bodies_are_malformed(body: bytes) -> None:
     with pytest.raises(MalformedBody) as refused:
@@ -178,3 +195,111 @@ def test_other_content_encodings_are_unsupported(header: str) -> None:
     assert refused.value.status_code == 415
     assert refused.value.type == error_types.UNSUPPORTED_CONTENT_ENCODING
     assert len(refused.value.message) < 120
+
+
+# Crafted bodies: what each is answered (413 for one that inflates past the cap, 400 for one
+# that is malformed, or its content).
+CRAFTED_OUTCOMES = {
+    "empty-raw-blocks": b"",  # legal: one frame of empty blocks holds nothing
+    "empty-raw-blocks-declaring-0": MalformedBody,  # a declared-empty frame is one block
+    "empty-raw-blocks-declaring-1": MalformedBody,
+    "skippable-flood": MalformedBody,  # more than MAX_ZSTD_FRAMES frames
+    "tiny-frame-flood": MalformedBody,
+    "rle-bomb": PayloadTooLarge,
+    "rle-bomb-declaring-1-mib": MalformedBody,  # inflates past what it declares
+    "rle-bomb-declaring-2-40": PayloadTooLarge,  # refused from its header
+}
+
+
+def answer(body: bytes, cap: int) -> bytes | type[Exception]:
+    try:
+        return decode_body(body, ZSTD, cap)
+    except (MalformedBody, PayloadTooLarge) as exc:
+        return type(exc)
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED_OUTCOMES))
+def test_a_crafted_32_mib_body_is_answered_at_c_speed(name: str) -> None:
+    # Blocks and frames are walked by libzstd, frames counted: ~20 ms a body here where the
+    # Python walk of block headers took 0.6-1.6 s per 8 MiB (3-6 s for these 32 MiB).
+    body = zstd_bodies.CRAFTED[name](32 * MIB)
+    start = time.perf_counter()
+    got = answer(body, 8 * MIB)
+    elapsed = time.perf_counter() - start
+    assert got == CRAFTED_OUTCOMES[name]
+    assert elapsed < 0.3, f"{name}: {elapsed:.2f} s"
+
+
+def test_frames_are_counted_skippable_ones_too() -> None:
+    one = compress_zstd(b"ab")
+    skip = zstd_bodies.skippable_flood(8)
+    assert decode_body(one * MAX_ZSTD_FRAMES, ZSTD, MIB) == b"ab" * MAX_ZSTD_FRAMES
+    assert decode_body(skip * (MAX_ZSTD_FRAMES - 1) + one, ZSTD, MIB) == b"ab"
+    for body in (one * (MAX_ZSTD_FRAMES + 1), skip * MAX_ZSTD_FRAMES + one):
+        with pytest.raises(MalformedBody, match="frames"):
+            decode_body(body, ZSTD, MIB)
+
+
+def test_skippable_frames_are_skipped_but_never_the_whole_body() -> None:
+    data = b"payload" * 500
+    skip = b"\x5a\x2a\x4d\x18" + (3).to_bytes(4, "little") + b"abc"
+    assert decode_body(skip + compress_zstd(data) + skip, ZSTD, MIB) == data
+    for body in (skip, skip * 3, skip[:-1], compress_zstd(data) + skip[:-1]):
+        with pytest.raises(MalformedBody):
+            decode_body(body, ZSTD, MIB)
+
+
+def test_a_window_above_the_limit_is_malformed_from_its_header() -> None:
+    assert MAX_ZSTD_WINDOW == 1 << 23
+    ok = zstd_bodies.frame_header(window_log=23) + zstd_bodies.block(0, 0, last=True)
+    assert decode_body(ok, ZSTD, MIB) == b""
+    big = zstd_bodies.frame_header(window_log=24) + zstd_bodies.block(0, 0, last=True)
+    with pytest.raises(MalformedBody, match="window"):
+        decode_body(big, ZSTD, MIB)
+
+
+def test_an_unsized_bomb_past_a_small_cap_is_too_large_not_truncated() -> None:
+    bomb = zstd_bodies.rle_bomb(4096)  # 128 MiB of zeros
+    for cap in (0, 1, 128 * 1024, MIB):
+        with pytest.raises(PayloadTooLarge):
+            decode_body(bomb, ZSTD, cap)
+    # The same frame cut short inflates to less than the cap: truncated, not too large.
+    with pytest.raises(MalformedBody):
+        decode_body(zstd_bodies.rle_bomb(512)[:-1], ZSTD, 32 * MIB)
+
+
+def test_later_frames_count_toward_the_cap() -> None:
+    data = bytes(range(256)) * 16
+    body = compress_zstd(data) + unsized_frame(data) + compress_zstd(data)
+    assert decode_body(body, ZSTD, 3 * len(data)) == data * 3
+    for cap in (3 * len(data) - 1, 2 * len(data), len(data) + 5):
+        with pytest.raises(PayloadTooLarge):
+            decode_body(body, ZSTD, cap)
+
+
+FUZZ_COUNT = int(os.environ.get("TANDEM_FUZZ_COUNT", "400"))  # make fuzz: more
+
+
+def test_mutated_zstd_bodies_are_typed_refusals_or_decode_as_zstd_does() -> None:
+    # Seeded mutants of honest and crafted bodies: each is a typed 4xx, or decodes to what
+    # libzstd itself reads from it (never more than the cap).
+    cap = 4 * MIB
+    reference = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW)
+    seen: dict[str, int] = {}
+    for body in zstd_bodies.mutants(seed=26, count=FUZZ_COUNT):
+        start = time.perf_counter()
+        try:
+            got = decode_body(body, ZSTD, cap)
+        except (MalformedBody, PayloadTooLarge) as exc:
+            assert exc.status_code in (400, 413)
+            seen[exc.type] = seen.get(exc.type, 0) + 1
+        except Exception as exc:  # an untyped error is a crash: keep the input
+            path = keep_crash("zstd-decode", body.hex(), repr(exc))
+            pytest.fail(f"{exc!r} for the input kept in {path}")
+        else:
+            seen["decoded"] = seen.get("decoded", 0) + 1
+            with reference.stream_reader(body, read_across_frames=True) as reader:
+                assert got == reader.read(cap + 1)
+        assert time.perf_counter() - start < 0.5
+    print("zstd fuzz: answers", dict(sorted(seen.items())))
+    assert set(seen) == {"decoded", "malformed_body", "payload_too_large"}

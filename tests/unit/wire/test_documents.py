@@ -53,6 +53,26 @@ def test_request_roundtrip(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_structured_outputs_roundtrip(fmt):
+    # vLLM's StructuredOutputsParams fields, as render and upstream's generate write them.
+    structured = [
+        {"json": {"type": "object", "properties": {"a": {"$ref": "#"}}}, "_backend": None},
+        {"json": '{"type": "string"}', "disable_any_whitespace": True},
+        {"regex": "[a-c]{2,5}-\\d{3}", "whitespace_pattern": None},
+        {"choice": ["red", "grün", ""]},
+        {"grammar": 'root ::= "yes" | "no"'},
+        {"json_object": True},
+        {"structural_tag": '{"structures": [], "triggers": []}'},
+    ]
+    for so in structured:
+        req = msgspec.structs.replace(
+            golden_request(), sampling_params={"temperature": 0.0, "structured_outputs": so}
+        )
+        back = decode_generate_request(encode_generate_request(req, fmt), fmt)
+        assert back.sampling_params == req.sampling_params
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_request_list_roundtrip(fmt):
     reqs = [golden_request(), golden_request()]
     back = decode_generate_requests(encode_generate_requests(reqs, fmt), fmt)

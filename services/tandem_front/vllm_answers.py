@@ -1,0 +1,538 @@
+"""vLLM adapter of the front door: the OpenAI answers written by ``vllm serve``'s own code.
+
+Generate answers token ids, as vLLM's engine core does. This module does what the rest of
+vLLM does with them in ``vllm serve``: the output processor's detokenization (stop strings,
+stop tokens, the streamed hold-back) and logprob token texts, then the answer itself through
+``vllm serve``'s ``OpenAIServingChat`` / ``OpenAIServingCompletion`` (tool calls, reasoning,
+echo, logprobs, usage, which chunks are sent and when). Their tool and reasoning parser
+options come from the builder render's derender uses (``tandem_vllm.derender``).
+
+The only module of tandem_front that imports vLLM (a CPU import: tokenizer files only).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+from pydantic import ValidationError
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.exceptions import VLLMValidationError
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import SamplingParams
+from vllm.tokenizers import cached_tokenizer_from_config
+from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
+from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+from vllm.v1.engine.logprobs import LogprobsProcessor
+
+from tandem_http import BadRequest
+from tandem_vllm.derender import model_registry, online_options
+from tandem_vllm.upstream_names import check_upstream_names
+from tandem_wire import ChoiceLogprobs, GenerateRequest, GenerateResponse
+
+from .errors import UpstreamError
+from .settings import FrontSettings
+
+__all__ = ["VllmAnswers"]
+
+# The SamplingParams fields that decide detokenized text and stop-string cuts.
+_TEXT_FIELDS = (
+    "stop",
+    "min_tokens",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+)
+# What vLLM's chat serving takes of the options render's derender is built with.
+_CHAT_OPTIONS = (
+    "request_logger",
+    "chat_template",
+    "chat_template_content_format",
+    "trust_request_chat_template",
+    "enable_auto_tools",
+    "exclude_tools_when_tool_choice_none",
+    "tool_parser",
+    "tool_strict_level",
+    "default_chat_template_kwargs",
+)
+_DONE = "data: [DONE]\n\n"
+
+
+class _TokenizerSide:
+    """What vLLM's serving classes read of a renderer: the tokenizer (no processor)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._executor = None
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+
+class _Engine:
+    """What vLLM's serving classes read of an engine client at construction."""
+
+    def __init__(self, model_config: Any, tokenizer: Any) -> None:
+        self.model_config = model_config
+        self.renderer = _TokenizerSide(tokenizer)
+        self.input_processor = None
+        self.vllm_config = None
+
+
+class VllmAnswers:
+    """The answer side of the OpenAI routes, done by vLLM's own code."""
+
+    def __init__(self, settings: FrontSettings) -> None:
+        check_upstream_names(["front"])  # a vLLM upgrade fails here, not mid-request
+        names = list(settings.names())
+        args = AsyncEngineArgs(
+            model=settings.model,
+            tokenizer=settings.tokenizer,
+            trust_remote_code=settings.trust_remote_code,
+            served_model_name=names,
+            mm_processor_cache_gb=0,  # no processor here: tokenizer files only
+            enforce_eager=True,
+            reasoning_parser=settings.reasoning_parser or "",
+        )
+        model_config = args.create_model_config()
+        model_config.quantization = None  # no weights are loaded here
+        self.tokenizer = cached_tokenizer_from_config(model_config)
+        engine = _Engine(model_config, self.tokenizer)
+        registry = model_registry(model_config, names, settings.model)
+        shared = online_options(settings, model_config, engine.renderer)
+        chat = {k: shared[k] for k in _CHAT_OPTIONS}
+        self.chat_serving = OpenAIServingChat(
+            engine,  # type: ignore[arg-type]
+            registry,  # type: ignore[arg-type]
+            "assistant",
+            online_renderer=None,  # type: ignore[arg-type]  # rendering is render's
+            reasoning_parser=shared["reasoning_parser"] or "",
+            **chat,
+        )
+        self.completion_serving = OpenAIServingCompletion(
+            engine,  # type: ignore[arg-type]
+            registry,  # type: ignore[arg-type]
+            online_renderer=None,  # type: ignore[arg-type]
+            request_logger=None,
+        )
+        # Until a generate node tells its own: none (vLLM's would hash no configuration).
+        self.chat_serving.system_fingerprint = None
+        self.completion_serving.system_fingerprint = None
+        self.max_logprobs: int = model_config.max_logprobs
+        # vLLM's engine-side logprob-token decoding (its correction of byte-fallback pieces).
+        self._logprobs = LogprobsProcessor(
+            tokenizer=self.tokenizer,
+            logprobs=None,
+            prompt_logprobs=None,
+            cumulative_logprob=None,
+            num_logprobs=None,
+            num_prompt_logprobs=None,
+        )
+
+    def saw_fingerprint(self, fingerprint: str) -> None:
+        # vLLM's serving code writes the fingerprint its engine has; here the engine is the
+        # generate node's (one configuration across a fleet: the last one seen is the one).
+        self.chat_serving.system_fingerprint = fingerprint
+        self.completion_serving.system_fingerprint = fingerprint
+
+    def plan(self, body: dict[str, Any], chat: bool) -> _ChatPlan | _CompletionPlan:
+        """One request's answer side; the body as vLLM's server validates it (400 if not)."""
+        try:
+            if chat:
+                return _ChatPlan(self, ChatCompletionRequest.model_validate(body))
+            return _CompletionPlan(self, CompletionRequest.model_validate(body))
+        except ValidationError as exc:
+            raise BadRequest(_first_error(exc)) from None
+        except VLLMValidationError as exc:
+            raise BadRequest(
+                str(exc.args[0] if exc.args else exc)[:300], param=exc.parameter
+            ) from None
+
+    # -- what vLLM's output processor makes of engine token ids ----------------------------
+
+    def detokenizer(self, prompt: list[int], sampling: dict[str, Any]) -> IncrementalDetokenizer:
+        given = {k: sampling[k] for k in _TEXT_FIELDS if sampling.get(k) is not None}
+        request = EngineCoreRequest(
+            request_id="front",
+            prompt_token_ids=prompt,
+            mm_features=None,
+            sampling_params=msgspec.convert(given, SamplingParams),
+            pooling_params=None,
+            arrival_time=0.0,
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=None,
+        )
+        return IncrementalDetokenizer.from_new_request(self.tokenizer, request)
+
+    def _token_texts(self, ids: list[int], context: list[int]) -> list[str]:
+        """The texts vLLM's engine gives these candidate ids after ``context`` (split UTF-8
+        pieces completed from the tokens before)."""
+        texts: list[str] = self._logprobs._verify_tokens(
+            convert_ids_list_to_tokens(self.tokenizer, ids), ids, context
+        )
+        return texts
+
+    def steps(
+        self, logprobs: ChoiceLogprobs, context: list[int], keep_rank: int | None
+    ) -> list[dict[int, Logprob]]:
+        """The engine's per-position logprob dicts (sampled token first, then by rank) with
+        the token texts its LogprobsProcessor writes; ``context``: the tokens sampled before
+        (extended here); ``keep_rank``: keep only the sampled token and ranks up to it."""
+        out: list[dict[int, Logprob]] = []
+        for e in logprobs.content or ():
+            tops = [
+                t
+                for j, t in enumerate(e.top_logprobs)
+                if keep_rank is None or j == 0 or (t.rank is not None and t.rank <= keep_rank)
+            ]
+            ids = [e.token_id, *(t.token_id for t in tops)]
+            texts = self._token_texts(ids, context)
+            step = {e.token_id: Logprob(e.logprob, e.rank, texts[0])}
+            for t, text in zip(tops, texts[1:], strict=True):
+                step.setdefault(t.token_id, Logprob(t.logprob, t.rank, text))
+            context.append(e.token_id)
+            out.append(step)
+        return out
+
+    def prompt_steps(self, response: GenerateResponse) -> list[dict[int, Logprob] | None] | None:
+        """Generate's ``prompt_logprobs`` as the engine's (token texts as it decodes them)."""
+        if response.prompt_logprobs is None:
+            return None
+        out: list[dict[int, Logprob] | None] = []
+        for position in response.prompt_logprobs:
+            if position is None:
+                out.append(None)
+                continue
+            ids = [int(t) for t in position]
+            # As the engine: split UTF-8 pieces completed from the prompt tokens before (the
+            # first key of each of the last four positions).
+            context = [next(iter(p)) for p in out[-4:] if p]
+            texts = self._token_texts(ids, context)
+            out.append(
+                {
+                    i: Logprob(p.logprob, p.rank, text)
+                    for i, p, text in zip(ids, position.values(), texts, strict=True)
+                }
+            )
+        return out
+
+
+class _Sample:
+    """One choice's output as vLLM's output processor makes it from the engine's tokens."""
+
+    def __init__(self, side: VllmAnswers, prompt: list[int], sampling: dict[str, Any]) -> None:
+        self.side = side
+        self.detok = side.detokenizer(prompt, sampling)
+        self.context: list[int] = []
+
+    def output(self, choice: Any, keep_rank: int | None, *, delta: bool) -> CompletionOutput:
+        ids = list(choice.token_ids or [])
+        finish, stop_reason = choice.finish_reason, choice.stop_reason
+        # One token per engine step, as vLLM's output processor feeds its detokenizer; the
+        # last token is a stop token (left out of the text) when the engine stopped on it.
+        stop_token = finish == "stop" and not isinstance(stop_reason, str)
+        for k, token_id in enumerate(ids):
+            self.detok.update([token_id], stop_token and k == len(ids) - 1)
+        logprobs = None
+        if choice.logprobs is not None:
+            logprobs = self.side.steps(choice.logprobs, self.context, keep_rank)
+        return CompletionOutput(
+            index=choice.index,
+            text=self.detok.get_next_output_text(finish is not None, delta),
+            token_ids=ids,
+            cumulative_logprob=None,
+            logprobs=logprobs,
+            finish_reason=finish,
+            stop_reason=stop_reason,
+        )
+
+
+class _Outputs:
+    """One prompt's samples, streamed or whole."""
+
+    def __init__(self, side: VllmAnswers, gen: GenerateRequest[Any], keep_rank: int | None):
+        self.side = side
+        self.gen = gen
+        self.keep_rank = keep_rank
+        self.samples: dict[int, _Sample] = {}
+
+    def _sample(self, index: int) -> _Sample:
+        if index not in self.samples:
+            self.samples[index] = _Sample(self.side, self.gen.token_ids, self.gen.sampling_params)
+        return self.samples[index]
+
+    def request_output(
+        self, choices: Sequence[Any], prompt: str | None, *, whole: GenerateResponse | None = None
+    ) -> RequestOutput:
+        outputs = [
+            self._sample(c.index).output(c, self.keep_rank, delta=whole is None) for c in choices
+        ]
+        return RequestOutput(
+            request_id=self.gen.request_id,
+            prompt=prompt,
+            prompt_token_ids=self.gen.token_ids,
+            prompt_logprobs=None if whole is None else self.side.prompt_steps(whole),
+            outputs=outputs,
+            finished=whole is not None,
+            kv_transfer_params=None if whole is None else whole.kv_transfer_params,
+        )
+
+
+class _Plan:
+    """What one request's answer needs besides generate's tokens."""
+
+    request: Any
+
+    def __init__(self, side: VllmAnswers) -> None:
+        self.side = side
+        self.failure: BaseException | None = None
+
+    def sampling(self, rendered: dict[str, Any]) -> dict[str, Any]:
+        """The generate request's sampling: render's, as rendered."""
+        return rendered
+
+    @property
+    def keep_rank(self) -> int | None:
+        return None
+
+    async def _relayed(self, pieces: AsyncIterator[str]) -> AsyncIterator[bytes]:
+        """vLLM's stream without its ``[DONE]``; a failure of our own upstreams is raised
+        (the door's error tail answers it) rather than written up by vLLM's generator."""
+        try:
+            async for piece in pieces:
+                if self.failure is not None:
+                    raise self.failure
+                if piece != _DONE:
+                    yield piece.encode()
+            if self.failure is not None:
+                raise self.failure
+        finally:
+            await pieces.aclose()  # type: ignore[attr-defined]
+
+    async def _watched(self, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        try:
+            async for item in source:
+                yield item
+        except Exception as exc:
+            self.failure = exc
+            raise
+
+
+class _ChatPlan(_Plan):
+    def __init__(self, side: VllmAnswers, request: ChatCompletionRequest) -> None:
+        super().__init__(side)
+        self.request = request
+        self.serving = side.chat_serving
+        self.stream = bool(request.stream)
+
+    def _conversation(self) -> list[Any]:
+        # What echo reads of vLLM's parsed conversation: the last message's text.
+        last = self.request.messages[-1] if self.request.messages else {}
+        content = last.get("content")
+        if isinstance(content, list):
+            content = "\n".join(p.get("text", "") for p in content if p.get("type") == "text")
+        return [{"role": last.get("role"), "content": content}]
+
+    async def whole(
+        self,
+        rid: str,
+        model: str,
+        gens: list[GenerateRequest[Any]],
+        results: list[GenerateResponse],
+    ) -> bytes:
+        (gen,), (result,) = gens, results
+        res = _Outputs(self.side, gen, None).request_output(result.choices, None, whole=result)
+
+        async def once() -> AsyncIterator[RequestOutput]:
+            yield res
+
+        serving = self.serving
+        parser = None
+        if serving.parser_cls is not None:
+            kwargs = serving._effective_chat_template_kwargs(self.request)
+            parser = serving._make_parser(self.request, self.side.tokenizer, kwargs)
+        answer = await serving.chat_completion_full_generator(
+            self.request,
+            once(),
+            rid,
+            model,
+            self._conversation(),
+            self.side.tokenizer,
+            RequestResponseMetadata(request_id=rid),
+            parser=parser,
+        )
+        return _document(answer)
+
+    def chunks(
+        self,
+        rid: str,
+        model: str,
+        gens: list[GenerateRequest[Any]],
+        events: AsyncIterator[tuple[int, dict[str, Any]]],
+    ) -> AsyncIterator[bytes]:
+        (gen,) = gens
+        outputs = _Outputs(self.side, gen, None)
+
+        async def results() -> AsyncIterator[RequestOutput]:
+            async for _, event in events:
+                yield outputs.request_output(_choices(event), None)
+
+        kwargs = self.serving._effective_chat_template_kwargs(self.request)
+        pieces = self.serving.chat_completion_stream_generator(
+            self.request,
+            self._watched(results()),
+            rid,
+            model,
+            self._conversation(),
+            self.side.tokenizer,
+            RequestResponseMetadata(request_id=rid),
+            chat_template_kwargs=kwargs,
+        )
+        return self._relayed(pieces)
+
+
+class _CompletionPlan(_Plan):
+    def __init__(self, side: VllmAnswers, request: CompletionRequest) -> None:
+        super().__init__(side)
+        self.request = request
+        self.serving = side.completion_serving
+        self.stream = bool(request.stream)
+        if self.stream and request.echo and request.logprobs is not None:
+            # Generate's stream carries no prompt logprobs for vLLM's echo to list.
+            raise BadRequest(
+                "echo with logprobs is answered whole by the front door: ask without stream",
+                param="echo",
+            )
+
+    @property
+    def keep_rank(self) -> int | None:
+        k = self.request.logprobs
+        return k if isinstance(k, int) else None
+
+    def sampling(self, rendered: dict[str, Any]) -> dict[str, Any]:
+        # vLLM's completions list ``logprobs`` candidates besides the sampled token (k + 1
+        # when it is not among the top k); generate, as vLLM's, lists ``logprobs`` entries
+        # counting it. One more asked of the engine gives the missing one (``steps`` keeps
+        # the sampled token and ranks up to k); the sampling itself is unchanged.
+        k = rendered.get("logprobs")
+        if isinstance(k, int) and 0 <= k < self.side.max_logprobs:
+            return {**rendered, "logprobs": k + 1}
+        return rendered
+
+    def _prompts(self, gens: list[GenerateRequest[Any]]) -> list[str | None]:
+        asked = self.request.prompt
+        if isinstance(asked, str):
+            return [asked]
+        if isinstance(asked, list) and all(isinstance(p, str) for p in asked):
+            return list(asked)
+        tok = self.side.tokenizer
+        return [tok.decode(g.token_ids) for g in gens]
+
+    async def whole(
+        self,
+        rid: str,
+        model: str,
+        gens: list[GenerateRequest[Any]],
+        results: list[GenerateResponse],
+    ) -> bytes:
+        batch = [
+            _Outputs(self.side, gen, self.keep_rank).request_output(r.choices, text, whole=r)
+            for gen, r, text in zip(gens, results, self._prompts(gens), strict=True)
+        ]
+        try:
+            answer = self.serving.request_output_to_completion_response(
+                batch,
+                self.request,
+                rid,
+                _created(),
+                model,
+                self.side.tokenizer,
+                RequestResponseMetadata(request_id=rid),
+            )
+        except (ValueError, KeyError, IndexError, TypeError, AssertionError) as exc:
+            raise UpstreamError(
+                f"generate's answer could not be written up: {exc!r}"[:300]
+            ) from None
+        return _document(answer)
+
+    def chunks(
+        self,
+        rid: str,
+        model: str,
+        gens: list[GenerateRequest[Any]],
+        events: AsyncIterator[tuple[int, dict[str, Any]]],
+    ) -> AsyncIterator[bytes]:
+        outputs = [_Outputs(self.side, g, self.keep_rank) for g in gens]
+        texts = self._prompts(gens)
+
+        async def results() -> AsyncIterator[tuple[int, RequestOutput]]:
+            async for p, event in events:
+                yield p, outputs[p].request_output(_choices(event), texts[p])
+
+        pieces = self.serving.completion_stream_generator(
+            self.request,
+            [{"type": "token", "prompt_token_ids": g.token_ids} for g in gens],
+            self._watched(results()),
+            rid,
+            _created(),
+            model,
+            len(gens),
+            self.side.tokenizer,
+            RequestResponseMetadata(request_id=rid),
+        )
+        return self._relayed(pieces)
+
+
+def _choices(event: dict[str, Any]) -> list[Any]:
+    """A generate stream event's choices, read as the wire's (a bad one is the node's fault)."""
+    try:
+        return [_StreamChoice(c) for c in event.get("choices") or ()]
+    except (msgspec.ValidationError, KeyError, TypeError, ValueError):
+        raise UpstreamError("generate sent an unreadable stream event") from None
+
+
+class _StreamChoice:
+    __slots__ = ("index", "token_ids", "logprobs", "finish_reason", "stop_reason")
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        self.index = int(c["index"])
+        self.token_ids = list(c.get("token_ids") or [])
+        lp = c.get("logprobs")
+        self.logprobs = None if lp is None else msgspec.convert(lp, ChoiceLogprobs)
+        self.finish_reason = c.get("finish_reason")
+        self.stop_reason = c.get("stop_reason")
+
+
+def _created() -> int:
+    return int(time.time())
+
+
+def _document(answer: Any) -> bytes:
+    """A whole answer serialized as ``vllm serve`` does; vLLM's error on our own generate's
+    output is the upstream's fault (502)."""
+    if isinstance(answer, ErrorResponse):
+        raise UpstreamError(
+            f"generate's answer could not be written up: {answer.error.message}"[:300]
+        )
+    return json.dumps(answer.model_dump(), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "the request is not valid"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg')}"[:300] if where else str(first.get("msg"))[:300]

@@ -1,0 +1,364 @@
+"""The door's OpenAI answers, written by vLLM's own code (the tiny model's tokenizer) over crafted
+render and generate answers: tool calls and reasoning through the parsers, echo, completions'
+k + 1 logprob candidates, prompt logprobs, stop strings, and when a stream's first chunk goes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tandem_front.app import create_app
+from tandem_front.settings import FrontSettings
+from tandem_wire import GenerateRequest
+from tests.support.asgi import AsgiCall, app_client
+from tests.support.parser_model import parser_model
+
+from .test_front_proxy_failures import _rendered, _Stream, events
+
+pytestmark = pytest.mark.anyio
+
+GENERATE = "/inference/v1/generate"
+PROMPT = [1, 2, 3]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+Answer = Callable[[dict[str, Any]], httpx.Response]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(parser_model(tmp_path_factory.mktemp("door-answers")))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def plain(model_dir):
+    """vLLM's answer side without parsers (built once: it loads the tokenizer)."""
+    from tandem_front.vllm_answers import VllmAnswers
+
+    return VllmAnswers(_settings(model_dir))
+
+
+@pytest.fixture(scope="module")
+def parsed(model_dir):
+    """vLLM's answer side with the hermes tool parser and the deepseek_r1 reasoning parser."""
+    from tandem_front.vllm_answers import VllmAnswers
+
+    return VllmAnswers(
+        _settings(
+            model_dir,
+            tool_call_parser="hermes",
+            enable_auto_tool_choice=True,
+            reasoning_parser="deepseek_r1",
+        )
+    )
+
+
+def _settings(model_dir: str, **kw: Any) -> FrontSettings:
+    return FrontSettings(
+        render_urls=("http://r1",), generate_urls=("http://g1",), model=model_dir, **kw
+    )
+
+
+class Pair(httpx.AsyncBaseTransport):
+    """Render answers ``PROMPT`` with ``sampling``; generate answers what ``answer`` makes of
+    each request it gets (recorded)."""
+
+    def __init__(self, answer: Answer, sampling: dict[str, Any] | None = None) -> None:
+        self.answer = answer
+        self.generated: list[dict[str, Any]] = []
+        sampling = sampling or {"max_tokens": 8}
+
+        async def render(request: Request) -> Response:
+            body = json.loads(await request.body())
+            prompts = body.get("prompt")
+            count = len(prompts) if isinstance(prompts, list) else 1
+            reqs = [GenerateRequest(token_ids=PROMPT, sampling_params=sampling)] * count
+            return _rendered(reqs, single=request.url.path.startswith("/v1/chat"))
+
+        paths = ("/v1/chat/completions/render", "/v1/completions/render")
+        app = Starlette(routes=[Route(p, render, methods=["POST"]) for p in paths])
+        self.render = httpx.ASGITransport(app=app)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == "r1":
+            return await self.render.handle_async_request(request)
+        if request.method == "GET":  # the door's weight-version poll
+            return httpx.Response(404)
+        gen = msgspec.msgpack.decode(await request.aread())
+        self.generated.append(gen)
+        return self.answer(gen)
+
+
+def whole(*choices: dict[str, Any], **fields: Any) -> Answer:
+    def answer(gen: dict[str, Any]) -> httpx.Response:
+        return httpx.Response(
+            200, json={"request_id": gen["request_id"], "choices": list(choices), **fields}
+        )
+
+    return answer
+
+
+def streamed(*chunks: list[dict[str, Any]]) -> Answer:
+    """One generate event per item (its choices)."""
+
+    async def source() -> AsyncIterator[bytes]:
+        for choices in chunks:
+            yield b"data: " + json.dumps({"choices": choices}).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    def answer(gen: dict[str, Any]) -> httpx.Response:
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=_Stream(source()))
+
+    return answer
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def ended(tokenizer, text: str) -> list[int]:
+    """``text``'s tokens and the end-of-sequence token the engine stopped on."""
+    return [*ids(tokenizer, text), tokenizer.eos_token_id]
+
+
+async def post(answers, transport: Pair, path: str, body: dict[str, Any]) -> httpx.Response:
+    app = create_app(_settings("m"), answers, transport)
+    async with app_client(app) as c:
+        return await c.post(path, json={"model": "m", **body})
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+# -- tools and reasoning through vLLM's parsers ----------------------------------------------
+
+
+async def test_tool_call_markup_is_answered_as_tool_calls(parsed, tokenizer):
+    text = '</think><tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    t = Pair(whole({"index": 0, "token_ids": ended(tokenizer, text), "finish_reason": "stop"}))
+    r = await post(parsed, t, "/v1/chat/completions", {**CHAT, "tools": TOOLS})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    # Before, the markup came back as content, with no tool_calls.
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert choice["finish_reason"] == "tool_calls"
+    assert not choice["message"]["content"]
+
+
+async def test_reasoning_markup_is_answered_as_reasoning(parsed, tokenizer):
+    t = Pair(
+        whole(
+            {"index": 0, "token_ids": ended(tokenizer, "hmm</think>yes"), "finish_reason": "stop"}
+        )
+    )
+    r = await post(parsed, t, "/v1/chat/completions", CHAT)
+    message = r.json()["choices"][0]["message"]
+    assert (message["reasoning"], message["content"]) == ("hmm", "yes")
+
+
+async def test_a_streamed_tool_call_is_streamed_as_tool_calls(parsed, tokenizer):
+    text = '</think><tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    tokens = ended(tokenizer, text)
+    chunks = [[{"index": 0, "token_ids": [t]}] for t in tokens[:-1]]
+    chunks.append([{"index": 0, "token_ids": tokens[-1:], "finish_reason": "stop"}])
+    t = Pair(streamed(*chunks))
+    r = await post(parsed, t, "/v1/chat/completions", {**CHAT, "tools": TOOLS, "stream": True})
+    sent = events(r.content)
+    assert sent[-1] == "[DONE]"
+    deltas = [c["choices"][0] for c in sent[:-1]]
+    assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
+    calls = [tc for d in deltas for tc in d["delta"].get("tool_calls") or []]
+    assert calls and calls[0]["function"]["name"] == "get_weather"
+    args = "".join(tc["function"].get("arguments") or "" for tc in calls)
+    assert json.loads(args) == {"city": "Paris"}
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+
+
+# -- echo and logprobs -----------------------------------------------------------------------
+
+
+async def test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs(plain, tokenizer):
+    prompt_logprobs = [
+        None,
+        {"2": {"logprob": -1.5, "rank": 4}, "9": {"logprob": -0.1, "rank": 1}},
+        {"3": {"logprob": -0.2, "rank": 1}},
+    ]
+    t = Pair(
+        whole(
+            {"index": 0, "token_ids": [7], "finish_reason": "length"},
+            prompt_logprobs=prompt_logprobs,
+        ),
+        {"max_tokens": 1, "prompt_logprobs": 1, "logprobs": 1},
+    )
+    body = {"prompt": "abc", "echo": True, "max_tokens": 0, "logprobs": 1}
+    r = await post(plain, t, "/v1/completions", body)
+    assert r.status_code == 200, r.text  # before: 400, echo refused
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "abc"  # the prompt alone: lm-eval's log-likelihood request
+    lp = choice["logprobs"]
+    assert lp["tokens"] == tokenizer.convert_ids_to_tokens(PROMPT)
+    assert lp["token_logprobs"] == [None, -1.5, -0.2]
+    assert lp["top_logprobs"][0] is None
+    assert set(lp["top_logprobs"][1].values()) == {-1.5, -0.1}
+
+
+def _entry(token_id: int, logprob: float, rank: int, tops: list[tuple[int, float, int]]) -> dict:
+    top = [{"token_id": i, "logprob": p, "rank": k} for i, p, k in tops]
+    return {"token_id": token_id, "logprob": logprob, "rank": rank, "top_logprobs": top}
+
+
+async def test_completions_logprobs_k_lists_the_sampled_token_besides_the_top_k(plain):
+    # logprobs=2 is asked of generate as 3: engine order, the sampled token first.
+    outside = _entry(50, -4.0, 5, [(50, -4.0, 5), (60, -0.5, 1), (61, -1.0, 2)])
+    inside = _entry(70, -0.3, 1, [(70, -0.3, 1), (71, -1.1, 2), (72, -2.0, 3)])
+    lp = {"content": [outside, inside]}
+    t = Pair(
+        whole({"index": 0, "token_ids": [50, 70], "logprobs": lp, "finish_reason": "length"}),
+        {"max_tokens": 2, "logprobs": 2},
+    )
+    r = await post(plain, t, "/v1/completions", {"prompt": "abc", "max_tokens": 2, "logprobs": 2})
+    assert t.generated[0]["sampling_params"]["logprobs"] == 3
+    tops = r.json()["choices"][0]["logprobs"]["top_logprobs"]
+    # vLLM's completions: k + 1 candidates when the sampled token is not in the top k (before:
+    # k), and the top k alone when it is (rank 3 left out).
+    assert sorted(tops[0].values()) == [-4.0, -1.0, -0.5]
+    assert sorted(tops[1].values()) == [-1.1, -0.3]
+
+
+async def test_chat_answers_carry_prompt_logprobs(plain):
+    prompt_logprobs = [None, {"2": {"logprob": -1.5, "rank": 4}}, {"3": {"logprob": -0.2}}]
+    t = Pair(
+        whole(
+            {"index": 0, "token_ids": [7], "finish_reason": "length"},
+            prompt_logprobs=prompt_logprobs,
+        ),
+        {"max_tokens": 1, "prompt_logprobs": 0},
+    )
+    r = await post(plain, t, "/v1/chat/completions", {**CHAT, "prompt_logprobs": 0})
+    got = r.json()["prompt_logprobs"]
+    assert got[0] is None
+    assert got[1]["2"]["logprob"] == -1.5 and got[2]["3"]["logprob"] == -0.2
+
+
+async def test_a_stop_string_cuts_the_text_as_vllm_does(plain, tokenizer):
+    tokens = ids(tokenizer, "hello world")
+    # As the engine answers: its tokens up to the one that completed the stop string.
+    tokens = next(
+        tokens[:n] for n in range(1, len(tokens) + 1) if "wor" in tokenizer.decode(tokens[:n])
+    )
+    choice = {"index": 0, "token_ids": tokens, "finish_reason": "stop", "stop_reason": "wor"}
+    t = Pair(whole(choice), {"max_tokens": 8, "stop": ["wor"]})
+    r = await post(plain, t, "/v1/completions", {"prompt": "abc", "stop": ["wor"]})
+    # Before the door cut it, the text ran on to the end of the stop string's token.
+    assert r.json()["choices"][0]["text"] == "hello "
+
+
+# -- when a stream's first chunk goes, and failures ------------------------------------------
+
+
+class Held(Pair):
+    """Generate's stream holds its first tokens until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(self._answer, {"max_tokens": 4, "n": 2})
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def _answer(self, gen: dict[str, Any]) -> httpx.Response:
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=_Stream(self._tokens()))
+
+    async def _tokens(self) -> AsyncIterator[bytes]:
+        self.reading.set()
+        await self.release.wait()
+        choices = [{"index": i, "token_ids": [75 + i], "finish_reason": "length"} for i in (0, 1)]
+        yield b"data: " + json.dumps({"choices": choices}).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+async def test_a_streamed_chat_sends_its_role_with_the_first_token_not_before(plain, tokenizer):
+    t = Held()
+    app = create_app(_settings("m"), plain, t)
+    async with app_client(app):
+        raw = json.dumps({"model": "m", **CHAT, "n": 2, "stream": True}).encode()
+        call = AsgiCall(
+            app, "POST", "/v1/chat/completions", raw, {"content-type": "application/json"}
+        )
+        assert await call.status() == 200  # headers early, as vllm serve's StreamingResponse
+        await asyncio.wait_for(t.reading.wait(), 10)
+        await asyncio.sleep(0.5)  # ample time to send anything the door would
+        # Before, the role chunks were already out here, well ahead of any token.
+        assert call.messages.empty()
+        t.release.set()
+        await asyncio.wait_for(call.task, 10)
+        sent = b""
+        while not call.messages.empty():
+            sent += call.messages.get_nowait().get("body", b"")
+    chunks = events(sent)
+    deltas = [(ch["choices"][0]["index"], ch["choices"][0]["delta"]) for ch in chunks[:-1]]
+    # vLLM's order: every choice's role, then the tokens of the output that brought them.
+    assert deltas == [
+        (0, {"role": "assistant", "content": ""}),
+        (1, {"role": "assistant", "content": ""}),
+        (0, {"content": tokenizer.decode([75])}),
+        (1, {"content": tokenizer.decode([76])}),
+    ]
+    assert chunks[-1] == "[DONE]"
+
+
+async def test_an_unreadable_render_answer_is_a_502(plain):
+    class Garbled(Pair):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.host == "r1":
+                headers = {"content-type": "application/vnd.msgpack"}
+                return httpx.Response(200, headers=headers, content=b"\xc1\xc1")
+            return await super().handle_async_request(request)
+
+    t = Garbled(whole())
+    r = await post(plain, t, "/v1/chat/completions", CHAT)
+    # Before: 400, as if the caller had sent it.
+    assert r.status_code == 502
+    assert r.json()["error"]["type"] == "upstream_error"
+    assert t.generated == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": 5}),
+        ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": "x"}),
+    ],
+    ids=["stream-options", "top"],
+)
+async def test_a_body_vllm_refuses_is_a_400_before_render(plain, path, body):
+    t = Pair(whole())
+    r = await post(plain, t, path, body)
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request"
+    assert t.generated == []

@@ -1,0 +1,165 @@
+"""A weight update through the door over two generate nodes, with a fault at each step: it
+starts on every node or on none, a node that fails while the other loads is fenced (no
+request reaches it until it holds the fleet's version), and the caller gets that node's own
+failure. The nodes are stand-ins with generate's update state machine (tests/support)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem_client.routing import ROUTE_KEY_HEADER
+from tandem_front.app import create_app
+from tests.support.asgi import app_client
+from tests.support.fleet_nodes import GenFleet, GenNode
+
+from .test_front_routing import Texts, settings
+
+pytestmark = pytest.mark.anyio
+
+KEYS = [f"key-{i}" for i in range(24)]
+
+
+def door(f: GenFleet):
+    # No cool-down: what keeps requests off a node here is fencing alone.
+    s = settings(generate_urls=("http://g1", "http://g2"), fence_poll_s=3600.0, node_cooldown_s=0.0)
+    return create_app(s, Texts(), f)
+
+
+async def generate_many(c) -> list[int]:
+    statuses = []
+    for key in KEYS:
+        r = await c.post(
+            "/inference/v1/generate",
+            json={"token_ids": [1], "sampling_params": {}},
+            headers={ROUTE_KEY_HEADER: key},
+        )
+        statuses.append(r.status_code)
+    return statuses
+
+
+async def push(c, version: str) -> list:
+    """start -> update -> finish as a trainer sends them; each step's (status, body)."""
+    steps = []
+    for path, body in (
+        ("/start_weight_update", {}),
+        ("/update_weights", {"update_info": {"path": version}}),
+        ("/finish_weight_update", {"weight_version": version}),
+    ):
+        r = await c.post(path, json=body)
+        steps.append((r.status_code, r.json()))
+        if path == "/start_weight_update" and r.status_code != 200:
+            break
+    return steps
+
+
+def failed_nodes(answer: dict) -> list[tuple[str, int, str]]:
+    return [(f["url"], f["status"], f["type"]) for f in answer["error"]["details"]["failed"]]
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "type_"),
+    [
+        ("refuse", 500, "internal_error"),
+        ("timeout", 0, "unreachable"),
+        ("late", 0, "unreachable"),  # B started, but its answer was lost: undone too
+        ("down", 0, "unreachable"),
+    ],
+)
+async def test_a_start_that_fails_on_one_node_is_undone_on_the_others(fault, status, type_):
+    a, b = GenNode("g1"), GenNode("g2")
+    b.fail["start_weight_update"] = fault
+    f = GenFleet(a, b)
+    async with app_client(door(f)) as c:
+        [(code, answer)] = await push(c, "v1")
+        assert code == 502
+        assert failed_nodes(answer) == [("http://g2", status, type_)]
+        assert "undone" in answer["error"]["message"]
+        # Nothing started anywhere: a new update starts on A at once, and nothing was loaded.
+        assert "/abort_weight_update" in a.paths and not a.updating and not b.updating
+        assert (a.version, a.weights, b.version, b.weights) == ("v0", "v0", "v0", "v0")
+        b.fail.clear()
+        b.down = False
+        steps = await push(c, "v1")
+        assert [s for s, _ in steps] == [200, 200, 200]
+    assert (a.version, a.weights, b.version, b.weights) == ("v1", "v1", "v1", "v1")
+
+
+@pytest.mark.parametrize("step", ["update_weights", "finish_weight_update"])
+@pytest.mark.parametrize("fault", ["refuse", "timeout", "down"])
+async def test_a_node_that_fails_after_the_other_loaded_is_fenced_until_it_holds_the_version(
+    step, fault
+):
+    a, b = GenNode("g1"), GenNode("g2")
+    f = GenFleet(a, b)
+    async with app_client(door(f)) as c:
+        assert set(await generate_many(c)) == {200}
+        assert a.generated and b.generated  # both nodes serve before the update
+        b.fail[step] = fault
+        steps = await push(c, "v1")
+        failed_at = ["/start_weight_update", "/update_weights", "/finish_weight_update"].index(
+            f"/{step}"
+        )
+        code, answer = steps[failed_at]
+        # The caller sees B's own failure at the step it happened, not a later 409.
+        assert code == 502
+        status = 500 if fault == "refuse" else 0
+        kind = "internal_error" if fault == "refuse" else "unreachable"
+        assert failed_nodes(answer) == [("http://g2", status, kind)]
+        assert a.version == a.weights == "v1"  # A finished: it holds the new weights
+        assert b.weights == "v0"
+        info = (await c.get("/weight_info")).json()
+        assert info["weight_version"] == "v1" and info["fenced"] == ["http://g2"]
+        served_by_b = len(b.generated)
+        assert set(await generate_many(c)) == {200}
+        assert len(b.generated) == served_by_b  # fenced: no request reached B
+        # B comes back (restarted with its checkpoint, or as it was): still fenced.
+        b.restart() if fault == "down" else b.fail.clear()
+        await c.get("/weight_info")
+        await generate_many(c)
+        assert len(b.generated) == served_by_b
+        # The next fleet update reaches B too: it holds the fleet's version and gets work.
+        assert [s for s, _ in await push(c, "v2")] == [200, 200, 200]
+        assert (await c.get("/weight_info")).json()["fenced"] == []
+        await generate_many(c)
+        assert len(b.generated) > served_by_b
+    assert a.lying() == [] and b.lying() == []
+
+
+async def test_a_fenced_node_that_reports_the_fleet_version_is_unfenced():
+    a, b = GenNode("g1"), GenNode("g2")
+    b.fail["update_weights"] = "refuse"
+    f = GenFleet(a, b)
+    async with app_client(door(f)) as c:
+        await push(c, "v1")
+        assert (await c.get("/weight_info")).json()["fenced"] == ["http://g2"]
+        # Someone brings B to v1 directly (e.g. its own trainer call).
+        b.version = b.weights = "v1"
+        b.updated_at = a.updated_at
+        assert (await c.get("/weight_info")).json()["fenced"] == []
+        before = len(b.generated)
+        await generate_many(c)
+        assert len(b.generated) > before
+
+
+async def test_with_the_fleet_version_s_nodes_down_a_fenced_node_still_gets_nothing():
+    a, b = GenNode("g1"), GenNode("g2")
+    a.fail["finish_weight_update"] = "refuse"
+    f = GenFleet(a, b)
+    async with app_client(door(f)) as c:
+        await push(c, "v1")  # B holds v1, A failed its finish: A fenced
+        b.down = True
+        r = await c.post("/inference/v1/generate", json={"token_ids": [1], "sampling_params": {}})
+    assert r.status_code == 503  # rather than A's old weights
+    assert a.generated == []
+
+
+async def test_a_finish_whose_answer_is_lost_names_the_node_but_fences_it_only_if_behind():
+    a, b = GenNode("g1"), GenNode("g2")
+    b.fail["finish_weight_update"] = "late"  # B loaded v1; the door never heard
+    f = GenFleet(a, b)
+    async with app_client(door(f)) as c:
+        steps = await push(c, "v1")
+        assert steps[2][0] == 502 and failed_nodes(steps[2][1]) == [("http://g2", 0, "unreachable")]
+        assert (await c.get("/weight_info")).json()["fenced"] == []  # B reports v1: it holds it
+        await generate_many(c)
+    assert b.generated and a.lying() == [] and b.lying() == []
