@@ -116,20 +116,37 @@ def streamed(client: Any, kind: str, body: dict[str, Any]) -> list[dict[str, Any
     return [scrub(c.model_dump()) for c in sdk_call(client, kind, body, stream=True)]
 
 
+def _carries(choice: dict[str, Any]) -> bool:
+    """Whether a streamed choice carries output: text, reasoning, tool calls or logprobs."""
+    delta = choice.get("delta") or {}
+    lp = choice.get("logprobs") or {}
+    fields = ("content", "reasoning", "reasoning_content", "tool_calls")
+    return bool(
+        choice.get("text")
+        or lp.get("content")
+        or lp.get("tokens")
+        or any(delta.get(f) for f in fields)
+    )
+
+
 def shape(chunks: list[dict[str, Any]]) -> list[str]:
-    """The chunk sequence as kinds (runs collapsed): role, delta, finish, usage."""
+    """The chunk sequence as kinds (runs collapsed): role, delta, finish, usage. A finish chunk
+    that carries output counts as a delta and then the finish: how many tokens one chunk
+    carries follows the machine's load, on vllm serve as on the door, and under load the last
+    tokens and the finish come in one engine output."""
     kinds: list[str] = []
     for c in chunks:
         if not c["choices"]:
-            kind = "usage"
+            found = ["usage"]
         elif c["choices"][0].get("finish_reason"):
-            kind = "finish"
+            found = ["delta", "finish"] if _carries(c["choices"][0]) else ["finish"]
         elif (c["choices"][0].get("delta") or {}).get("role"):
-            kind = "role"
+            found = ["role"]
         else:
-            kind = "delta"
-        if not kinds or kinds[-1] != kind:
-            kinds.append(kind)
+            found = ["delta"]
+        for kind in found:
+            if not kinds or kinds[-1] != kind:
+                kinds.append(kind)
     return kinds
 
 

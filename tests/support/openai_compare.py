@@ -236,6 +236,10 @@ def _logprob_positions(lp: dict[str, Any], chat: bool) -> list[Any]:
     return [dict(zip(keys, row, strict=True)) for row in zip(*(lp[k] for k in keys), strict=True)]
 
 
+def _carries_logprobs(lp: dict[str, Any] | None, chat: bool) -> bool:
+    return lp is not None and bool(_logprob_positions(lp, chat))
+
+
 def shape(events: list[Any], chat: bool) -> dict[str, Any]:
     """The chunk sequence's shape: per choice, the kind of each of its chunks (the role's,
     saying whether it carries text; deltas; the finish) and whether it carries usage, a run of
@@ -243,7 +247,9 @@ def shape(events: list[Any], chat: bool) -> dict[str, Any]:
 
     How many tokens one chunk carries, and so which delta holds text back for a possible stop
     string (an empty delta), follows the machine's load, on vllm serve as on the door: the
-    merged answer (``merged``) is where the text is compared."""
+    merged answer (``merged``) is where the text is compared. For the same reason a finish
+    chunk that carries tokens counts as a delta and then the finish: under load the last
+    tokens and the finish come in one engine output, on either side."""
     per_choice: dict[int, list[str]] = {}
     tail: list[str] = []
     for event in events:
@@ -256,15 +262,20 @@ def shape(events: list[Any], chat: bool) -> dict[str, Any]:
         assert not tail, f"a choice's chunk after {tail}: {event}"
         for c in event["choices"]:
             delta = c.get("delta", {})
+            text = delta.get("content") if chat else c.get("text")
             if "role" in delta:
-                text = delta.get("content") if chat else c.get("text")
-                kind = "role+text" if text else "role"
+                found = ["role+text" if text else "role"]
+            elif c.get("finish_reason") is None:
+                found = ["delta"]
+            elif text or c.get("token_ids") or _carries_logprobs(c.get("logprobs"), chat):
+                found = ["delta", "finish"]
             else:
-                kind = "finish" if c.get("finish_reason") is not None else "delta"
-            tag = kind + ("+usage" if event.get("usage") is not None else "")
+                found = ["finish"]
+            usage = "+usage" if event.get("usage") is not None else ""
             kinds = per_choice.setdefault(c["index"], [])
-            if not kinds or kinds[-1] != tag or kind != "delta":
-                kinds.append(tag)
+            for kind in found:
+                if not kinds or kinds[-1] != kind + usage or kind != "delta":
+                    kinds.append(kind + usage)
     return {"choices": [per_choice[i] for i in sorted(per_choice)], "tail": tail}
 
 
