@@ -18,6 +18,7 @@ from tandem_client import AsyncTandemClient
 from tandem_client.routing import rendezvous_order
 from tandem_front.settings import FrontSettings
 
+from ..support import openai_compare
 from ..support.images import data_url, png_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.engine]
@@ -110,27 +111,15 @@ def test_streamed_chat_with_usage_equals_vllm_serve(fleet, front_door):
         "messages": image_chat([44, 45]),
         "temperature": 0.0,
         "max_tokens": 12,
-        "stream": True,
         "stream_options": {"include_usage": True},
     }
-    results = []
-    for url in (front_door[0], urls["up_serve"]):
-        chunks = list(openai_client(url).chat.completions.create(**request))
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        finish = [c.choices[0].finish_reason for c in chunks if c.choices]
-        # Each chunk's shape: the role it names, whether it carries text, its finish, usage.
-        shapes = [
-            (
-                c.choices[0].delta.role if c.choices else None,
-                bool(c.choices and c.choices[0].delta.content),
-                c.choices[0].finish_reason if c.choices else None,
-                c.usage is not None,
-            )
-            for c in chunks
-        ]
-        results.append((text, finish[-1], chunks[-1].usage, shapes))
-    assert results[0] == results[1]
-    assert results[0][0] and results[0][3][0][0] == "assistant"
+    # Merged per choice and compared by the chunk sequence's shape (role, deltas, finish,
+    # usage): how many tokens one chunk carries follows the machine's load on either side.
+    ours, _ = openai_compare.answers(front_door[0], urls["up_serve"], True, True, **request)
+    first, usage = ours[0], ours[-2]
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+    assert openai_compare.merged(ours, True)["choices"][0]["text"]
+    assert ours[-1] == openai_compare.DONE and not usage["choices"] and usage["usage"]
 
 
 def test_n_2_with_logprobs_equals_vllm_serve(fleet, front_door):
@@ -365,12 +354,13 @@ def test_repeated_images_land_on_the_node_that_holds_them(fleet, front_door):
     url, generate_urls = front_door
     # Each door worker re-reads the nodes' versions every --fence-poll-s; one whose last read
     # fell inside an earlier test's update holds the slower node fenced (no work) until its
-    # next read. Once the nodes agree, one poll period and a margin settle every worker.
+    # next read. Once the nodes agree, two poll periods and a margin settle every worker: a
+    # read that began before they agreed lands within one, the next read within the second.
     deadline = time.monotonic() + 60
     while len({httpx.get(f"{u}/weight_info").json()["weight_version"] for u in generate_urls}) > 1:
         assert time.monotonic() < deadline, "the generate nodes never agreed on a version"
         time.sleep(0.2)
-    time.sleep(FrontSettings.fence_poll_s + 1.0)
+    time.sleep(2 * FrontSettings.fence_poll_s + 1.0)
 
     async def run() -> tuple[str, dict, dict]:
         # tandem_client pointed at the door for both tiers: it sends an item's data once,
