@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from ..support.images import data_url, png_bytes
-from ..support.openai_compare import DONE, answers, choices_of, fingerprints, streamed, whole
+from ..support.openai_compare import (
+    DONE,
+    answers,
+    choices_of,
+    fingerprints,
+    streamed,
+    warm,
+    whole,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.engine]
 
@@ -69,13 +77,14 @@ def test_chat_with_an_image_greedy_logprobs_token_ids_usage(urls, stream):
 def test_chat_n_with_a_seed(urls, stream):
     # vLLM refuses n > 1 under greedy sampling: a seed makes the samples comparable instead.
     model, door, serve = urls
+    request = {"model": model, "messages": image_messages(62)}
+    warm(door, serve, True, **request)
     _, theirs = answers(
         door,
         serve,
         True,
         stream,
-        model=model,
-        messages=image_messages(62),
+        **request,
         n=3,
         temperature=1.0,
         seed=1234,

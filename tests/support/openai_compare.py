@@ -299,6 +299,17 @@ def choices_of(answer: Any, chat: bool) -> list[dict[str, Any]]:
     return out
 
 
+def warm(door: str, serve: str, chat: bool, **request: Any) -> None:
+    """``request``'s prompt into both sides' prefix caches (one token each), before an
+    ``n > 1`` comparison: vLLM hands the engine the n copies one by one, and whether a copy's
+    prefill reads a sibling's cached blocks or computes them follows the scheduling, which
+    can move a sampled token. Warmed, every copy reads the same cached blocks."""
+    one = {**request, "n": 1, "max_tokens": 1, "stream": False}
+    one.pop("max_completion_tokens", None)
+    for url in (door, serve):
+        _api(url, chat).create(**one)
+
+
 def answers(door: str, serve: str, chat: bool, stream: bool, **request: Any) -> tuple[Any, Any]:
     """The same request to the door and to vllm serve, both answers checked equal (whole: the
     documents; streamed: merged per choice, and the chunk sequences' shapes); vllm serve's
