@@ -186,7 +186,8 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         "--fence-poll-s",
         type=float,
         help="seconds between asking every generate node its weight version; a node that does "
-        "not hold the fleet's version is fenced, gets no requests, until it does "
+        "not hold the fleet's version is fenced, gets no requests, until it does; while "
+        "nodes disagree they are asked again sooner (from 0.1 s, doubling up to this) "
         f"(default: {FrontSettings.fence_poll_s})",
     )
     args = vars(p.parse_args(argv))

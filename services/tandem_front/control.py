@@ -82,9 +82,7 @@ async def fan_out(
         dropped = [n for n, a in zip(nodes, answers, strict=True) if not a.ok]
         await fleet.fan_out(ask, dropped, "POST", fleet.ABORT_PATH, [b""] * len(dropped))
     if path == fleet.WEIGHT_INFO_PATH:
-        for node, answer in zip(nodes, answers, strict=True):
-            if answer.ok:
-                node.learn(answer.body)
+        upstreams.learn_versions(nodes, answers)
     failed = [a for a in answers if not a.ok]
     ok = [a for a in answers if a.ok]
     if failed and not ok and len({a.status for a in failed}) == 1 and failed[0].status:

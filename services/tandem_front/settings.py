@@ -155,7 +155,9 @@ class FrontSettings:
     """Seconds between asking every generate node its ``/weight_info``: a node that does not
     hold the fleet's weight version is fenced (gets no requests) until it does (see
     ``tandem_client.fleet``). Each worker process asks on its own; the worker that ran an
-    update's finish asks at once."""
+    update's finish asks at once, and a worker that saw the nodes on two versions asks again
+    from 0.1 s on, doubling up to this period, so that a read made mid-update fences the
+    slower node only until the update reaches it."""
 
     discovery_interval_s: float = 10.0
     """Seconds between lookups of the ``dns+http://`` names of ``render_urls`` and

@@ -22,6 +22,10 @@ from .settings import FrontSettings
 
 __all__ = ["Node", "Upstreams"]
 
+RECHECK_FIRST_S = 0.1
+"""How soon a worker asks the nodes again after it saw them on two versions; the wait doubles
+while they still disagree, up to ``fence_poll_s``."""
+
 
 @dataclass
 class Node(fleet.Node):
@@ -77,6 +81,7 @@ class Upstreams:
         )
         self._by_origin = {_origin(n.url): n for n in (*self.render, *self.generate)}
         self._watch: asyncio.Task[None] | None = None
+        self._disagreed = asyncio.Event()
 
     def start(self) -> None:
         """Ask the generate nodes their weight versions now and every ``fence_poll_s``."""
@@ -102,9 +107,22 @@ class Upstreams:
         return [n for n in nodes if n.url not in old]
 
     async def _watch_versions(self) -> None:
+        # A read that falls inside a fleet update (one node finished, the other not yet) fences
+        # the slower node; asking again soon, and less often while they still disagree, lets
+        # it back in once the update has reached it instead of a whole period later. A node
+        # that stays behind (restarted, failed its update) is asked every period as before.
+        poll = self.settings.fence_poll_s
+        backoff: float | None = None
         while True:
+            self._disagreed.clear()
             await self.refresh_versions()
-            await asyncio.sleep(self.settings.fence_poll_s)
+            if fleet.fenced(self.generate):
+                backoff = RECHECK_FIRST_S if backoff is None else 2 * backoff
+                await asyncio.sleep(min(backoff, poll))
+                continue
+            backoff = None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._disagreed.wait(), poll)
 
     def render_order(self) -> list[Node]:
         """Render nodes, least pending first (ties broken at random), unreachable ones last."""
@@ -144,10 +162,17 @@ class Upstreams:
 
         nodes = self.generate
         answers = await fleet.fan_out(ask, nodes, "GET", fleet.WEIGHT_INFO_PATH, [b""] * len(nodes))
+        self.learn_versions(nodes, answers)
+        return answers
+
+    def learn_versions(self, nodes: Sequence[Node], answers: Sequence[NodeAnswer]) -> None:
+        """The nodes' ``/weight_info`` answers, learnt; seen on two versions, the watch asks
+        again soon (see ``_watch_versions``)."""
         for node, answer in zip(nodes, answers, strict=True):
             if answer.ok:
                 node.learn(answer.body)
-        return answers
+        if fleet.fenced(nodes):
+            self._disagreed.set()
 
     async def _learn(self, response: httpx.Response) -> None:
         """Any answer from a node may tell its body cap (generate's /health does)."""

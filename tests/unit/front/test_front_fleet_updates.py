@@ -5,6 +5,9 @@ failure. The nodes are stand-ins with generate's update state machine (tests/sup
 
 from __future__ import annotations
 
+import time
+
+import anyio
 import pytest
 
 from tandem_client.routing import ROUTE_KEY_HEADER
@@ -139,6 +142,24 @@ async def test_a_fenced_node_that_reports_the_fleet_version_is_unfenced():
         before = len(b.generated)
         await generate_many(c)
         assert len(b.generated) > before
+
+
+async def test_a_node_fenced_by_a_read_during_an_update_is_let_back_in_soon():
+    # The door's own period is an hour here: only the early re-check can unfence B in time.
+    a, b = GenNode("g1"), GenNode("g2")
+    b.fail["update_weights"] = "refuse"
+    f = GenFleet(a, b)
+    async with app_client(door(f)) as c:
+        await push(c, "v1")  # the finish's read: A on v1, B behind, fenced
+        b.version = b.weights = "v1"  # the update reaches B after all (as a slower node's)
+        b.updated_at = a.updated_at
+        before = len(b.generated)
+        deadline = time.monotonic() + 30
+        while len(b.generated) == before and time.monotonic() < deadline:
+            await generate_many(c)
+            await anyio.sleep(0.05)
+    assert len(b.generated) > before, "B stayed fenced until the door's next period"
+    assert a.lying() == [] and b.lying() == []
 
 
 async def test_with_the_fleet_version_s_nodes_down_a_fenced_node_still_gets_nothing():
