@@ -115,8 +115,8 @@ class Upstreams:
         backoff: float | None = None
         while True:
             self._disagreed.clear()
-            await self.refresh_versions()
-            if fleet.fenced(self.generate):
+            await self.refresh_versions()  # sets _disagreed when it fences a node
+            if self._disagreed.is_set():
                 backoff = RECHECK_FIRST_S if backoff is None else 2 * backoff
                 await asyncio.sleep(min(backoff, poll))
                 continue
