@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import httpx
@@ -104,6 +106,20 @@ class ServerProcess:
         self._log_file.close()
         if self.proc.returncode not in (0, -signal.SIGTERM, None):
             print(f"--- {self.name} log ---\n{self.log_text()}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def serving(procs: Collection[ServerProcess], timeout: float = 180.0) -> Iterator[None]:
+    """For the block: every server of ``procs`` healthy, waited on in turn; afterwards every
+    one stopped, also when one never became healthy. ``procs`` is read again when the block
+    ends, so a server added or replaced in it meanwhile is stopped too."""
+    try:
+        for proc in procs:
+            proc.wait_healthy(timeout=timeout)
+        yield
+    finally:
+        for proc in procs:
+            proc.stop()
 
 
 def python_module(module: str, *args: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tools.servers import (
+    serving,
     tandem_front,
     tandem_generate,
     tandem_render,
@@ -38,13 +39,8 @@ def fleet_servers(weight_dir):
         "render": tandem_render(model),
         "generate": tandem_generate(model, weight_dir),
     }
-    try:
-        for proc in procs.values():
-            proc.wait_healthy(timeout=300)
+    with serving(procs.values(), timeout=300):
         yield model, procs
-    finally:
-        for proc in procs.values():
-            proc.stop()
 
 
 @pytest.fixture(scope="session")

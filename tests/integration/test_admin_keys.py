@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tools.servers import tandem_front, tandem_generate, tandem_render
+from tools.servers import serving, tandem_front, tandem_generate, tandem_render
 from tools.tiny_models import ensure_model
 
 pytestmark = [
@@ -53,9 +53,7 @@ def keyed_fleet(tmp_path_factory):
     weights = str(tmp_path_factory.mktemp("weights"))
     keys = ("--api-key", NODE_KEY, "--admin-api-key", NODE_ADMIN)
     procs = [tandem_render(model), *(tandem_generate(model, weights, *keys) for _ in (1, 2))]
-    try:
-        for p in procs:
-            p.wait_healthy(timeout=300)
+    with serving(procs, timeout=300):
         urls = [p.url for p in procs[1:]]
         door_keys = ("--api-key", DOOR_KEY, "--admin-api-key", DOOR_ADMIN)
         upstream = ("--upstream-api-key", NODE_KEY, "--upstream-admin-api-key", NODE_ADMIN)
@@ -63,9 +61,6 @@ def keyed_fleet(tmp_path_factory):
         with tandem_front(model, procs[0].url, urls, *door_keys, *upstream) as door:
             door.wait_healthy(timeout=120)
             yield door.url, urls
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def running(url: str) -> float:

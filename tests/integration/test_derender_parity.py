@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tools.servers import tandem_render, upstream_render
+from tools.servers import serving, tandem_render, upstream_render
 
 from ..support.images import data_url, png_bytes
 from ..support.parser_model import MARKUP, PARSER_FLAGS, parser_model
@@ -33,13 +33,8 @@ def servers(tmp_path_factory):
     model = str(parser_model(tmp_path_factory.mktemp("models")))
     upstream = upstream_render(model, *PARSER_FLAGS)
     ours = tandem_render(model, *PARSER_FLAGS)
-    try:
-        upstream.wait_healthy()
-        ours.wait_healthy()
+    with serving([upstream, ours]):
         yield model, upstream.url, ours.url
-    finally:
-        upstream.stop()
-        ours.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tools.servers import tandem_front, tandem_generate, tandem_render, upstream_serve
+from tools.servers import serving, tandem_front, tandem_generate, tandem_render, upstream_serve
 
 from ..support.parser_model import PARSER_FLAGS, parser_model
 
@@ -53,20 +53,14 @@ def _fleet(model_root: Any, flags: tuple[str, ...]) -> Any:
 
     model = str(parser_model(model_root))
     procs = [upstream_serve(model, *flags), tandem_render(model, *flags), tandem_generate(model)]
-    try:
-        for proc in procs:
-            proc.wait_healthy(timeout=300)
-        door = tandem_front(model, procs[1].url, procs[2].url, *flags)
-        procs.append(door)
-        door.wait_healthy(timeout=120)
-        clients = [
-            openai.OpenAI(base_url=p.url + "/v1", api_key="none", max_retries=0, timeout=120)
-            for p in (procs[0], door)
-        ]
-        yield model, clients[0], clients[1]
-    finally:
-        for proc in procs:
-            proc.stop()
+    with serving(procs, timeout=300):
+        with tandem_front(model, procs[1].url, procs[2].url, *flags) as door:
+            door.wait_healthy(timeout=120)
+            clients = [
+                openai.OpenAI(base_url=p.url + "/v1", api_key="none", max_retries=0, timeout=120)
+                for p in (procs[0], door)
+            ]
+            yield model, clients[0], clients[1]
 
 
 @pytest.fixture(scope="class")

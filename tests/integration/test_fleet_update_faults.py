@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tools.servers import free_port, tandem_front, tandem_generate
+from tools.servers import free_port, serving, tandem_front, tandem_generate
 from tools.tiny_models import ensure_model
 
 pytestmark = [
@@ -66,13 +66,8 @@ def two_nodes(tmp_path):
     weights = tmp_path / "weights"
     weights.mkdir()
     nodes = [tandem_generate(model, str(weights)), tandem_generate(model, str(weights))]
-    try:
-        for n in nodes:
-            n.wait_healthy(timeout=300)
+    with serving(nodes, timeout=300):  # also stops the restarted node the test puts in
         yield model, weights, nodes
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 def test_a_node_killed_between_update_and_finish_is_fenced_and_no_label_lies(two_nodes):

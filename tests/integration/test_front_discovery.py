@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tools.servers import ServerProcess, free_port, python_module, tandem_front
+from tools.servers import ServerProcess, free_port, python_module, serving, tandem_front
 from tools.tiny_models import ensure_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]  # the door loads vLLM's tokenizer
@@ -35,13 +35,8 @@ def nodes() -> Iterator[tuple[int, dict[str, ServerProcess]]]:
     port = free_port()
     procs = {a: standin(a, port, "base" if a == "127.0.0.4" else "step-1") for a in ADDRESSES}
     procs["render"] = standin("127.0.0.1", free_port(), "-")
-    try:
-        for p in procs.values():
-            p.wait_healthy(timeout=60)
+    with serving(procs.values(), timeout=60):
         yield port, procs
-    finally:
-        for p in procs.values():
-            p.stop()
 
 
 def placement(door: str) -> dict[str, str]:

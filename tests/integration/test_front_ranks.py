@@ -25,6 +25,7 @@ from tools.servers import (
     ServerProcess,
     free_port,
     python_module,
+    serving,
     tandem_front,
     tandem_render,
 )
@@ -58,16 +59,11 @@ def nccl_fleet(tmp_path_factory):
     model = str(ensure_model("qwen2-vl"))
     spies = [tmp_path_factory.mktemp("spy") / f"g{i}.jsonl" for i in (1, 2)]
     procs = [tandem_render(model), *(nccl_generate(model, s) for s in spies)]
-    try:
-        for p in procs:
-            p.wait_healthy(timeout=300)
+    with serving(procs, timeout=300):
         urls = [p.url for p in procs[1:]]
         with tandem_front(model, procs[0].url, urls, "--enable-control-routes") as door:
             door.wait_healthy(timeout=120)
             yield door.url, urls, spies
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def test_trls_weight_sync_through_the_door_puts_each_worker_on_its_own_rank(

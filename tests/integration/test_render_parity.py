@@ -237,14 +237,10 @@ def test_our_binary_answer_carries_the_same_items(servers):
 def audio_servers():
     """Upstream's and our render on the tiny Qwen2-Audio (no engine: render only)."""
     model = str(ensure_model("qwen2-audio"))
-    upstream, ours = upstream_render(model), tandem_render(model)
-    try:
+    with upstream_render(model) as upstream, tandem_render(model) as ours:
         upstream.wait_healthy()
         ours.wait_healthy()
         yield model, upstream.url, ours.url
-    finally:
-        upstream.stop()
-        ours.stop()
 
 
 def test_audio_render_matches_upstream(audio_servers):
