@@ -13,6 +13,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -31,9 +32,6 @@ TWO_IMAGES = [1017, 359, 261, 198, 1019, IMAGE_PAD, 1020, 1019, IMAGE_PAD, 1020,
 TWO_IMAGES += [1017, 436, 198]
 EXIT_WITHIN_S = 30
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
-LONGER = {"temperature": 0.0, "max_tokens": 48}
-"""For requests that must still be on the node when it is killed: at 8 tokens a batch was in
-and out between two looks at the node's pending gauge on a loaded machine."""
 
 
 def engine_cores(pid: int) -> list[psutil.Process]:
@@ -165,38 +163,38 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
     with TandemClient(render, own_generate.proc.url, model=model) as a:
         first = a.rollout(batch, held_images, progress=False, **GREEDY)
 
-        # The node is killed while a long stream runs on it and client B's batch is under way,
-        # then started again. The stream ends with a transport error (nothing hangs); B retries
-        # with backoff for longer than a restart takes, and every request is answered once.
+        # The node is killed with a stream open on it and client B's batch under way, then
+        # started again. The stream ends with a transport error (nothing hangs); B retries with
+        # backoff for longer than a restart takes, and every request is answered once.
+        # The engine is frozen first (vLLM's pause, mode keep), so that what the test sends is
+        # still on the node at the kill however fast or slow the machine is: a stream that ran
+        # before the pause ended before the kill on CI twice (once the engine outran B, once
+        # the server's output lagged the engine until the stream was done).
+        paused = httpx.post(
+            f"{own_generate.proc.url}/pause",
+            params={"mode": "keep", "clear_cache": "false"},
+            timeout=30,
+        )
+        assert paused.status_code == 200, paused.text
         restarted: list[ServerProcess] = []
-        streaming, batch_started = threading.Event(), threading.Event()
-        # As long as the context allows (4096): the engine must still be on it at the kill.
+        stream_open = threading.Event()
         long_request = rendered_generate(render, model, seed=990, max_tokens=3900)
 
         def stream_until_cut() -> str:
             url = f"{own_generate.proc.url}/inference/v1/generate"
             try:
                 with httpx.stream("POST", url, json=long_request, timeout=120) as r:
-                    for line in r.iter_lines():
-                        if line.startswith("data: {"):
-                            streaming.set()
+                    if r.status_code == 200:
+                        stream_open.set()  # its answer has begun: the request is on the node
+                    for _ in r.iter_lines():
+                        pass
             except httpx.TransportError as exc:
                 return type(exc).__name__
             return "finished"
 
         def kill_and_restart() -> None:
-            if not (streaming.wait(120) and batch_started.wait(120)):
-                raise AssertionError("nothing in flight to kill")
-            # The engine is frozen with the stream in it (vLLM's pause, mode keep), so neither
-            # the stream nor B's requests can finish before the kill however fast the machine
-            # decodes (a 3900-token stream took under 15 s on CI, and ended before B arrived).
-            paused = httpx.post(
-                f"{own_generate.proc.url}/pause",
-                params={"mode": "keep", "clear_cache": "false"},
-                timeout=30,
-            )
-            assert paused.status_code == 200, paused.text
-            wait_until(lambda: pending(own_generate.proc) >= 2, 120, "B's requests on the node")
+            # The stream and at least two of B's requests are held by the frozen engine.
+            wait_until(lambda: pending(own_generate.proc) >= 3, 120, "B's requests on the node")
             os.killpg(own_generate.proc.proc.pid, signal.SIGKILL)
             own_generate.restart()
             restarted.append(own_generate.proc)
@@ -208,21 +206,21 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
             ThreadPoolExecutor(2) as pool,
         ):
             cut = pool.submit(stream_until_cut)
+            assert stream_open.wait(120), "the stream was not answered"
             killer = pool.submit(kill_and_restart)
-            streaming.wait(120)
-            batch_started.set()
-            second = b.rollout(batch, fresh_images, progress=False, **LONGER)
+            second = b.rollout(batch, fresh_images, progress=False, **GREEDY)
             killer.result(timeout=300)
             assert cut.result(timeout=60) in ("RemoteProtocolError", "ReadError")
         assert restarted, "the node was not restarted during the batch"
         new = restarted[0]
         assert len(second.completion_ids) == prompts
-        assert answered(new) <= prompts  # requests the old process finished are not re-run
+        # The frozen node finished none of B's: each was answered once, by the new process.
+        assert answered(new) == prompts
 
         # A greedy replay, one request at a time, gives the tokens B received.
         with TandemClient(render, new.url, model=model) as replay:
             for i in range(prompts):
-                alone = replay.rollout([TWO_IMAGES], [fresh_images[i]], progress=False, **LONGER)
+                alone = replay.rollout([TWO_IMAGES], [fresh_images[i]], progress=False, **GREEDY)
                 assert alone.completion_ids == [second.completion_ids[i]], i
 
         # A does not know the node restarted: it sends hashes only, the new process answers
@@ -247,35 +245,64 @@ def rendered_generate(render: str, model: str, seed: int, max_tokens: int) -> di
 def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(fleet, own_generate):
     model, urls = fleet
     node = own_generate.proc
-    # Long enough to outlast the checks below: the server writes a stream's tokens as they come,
-    # whether or not the client reads them, so the drain ends when the engine is done.
+    url = f"{node.url}/inference/v1/generate"
+    # Two requests are in flight at the SIGTERM. One is still uploading its body: it is held on
+    # the server for as long as the test likes, so the drain has something to wait for however
+    # fast the engine or slow the server is (a stream alone ended before the signal on CI once:
+    # the server's output had lagged the engine until the stream was done).
+    held = rendered_generate(urls["render"], model, seed=992, max_tokens=16)
+    held_body = json.dumps({**held, "stream": False}).encode()
+    upload_rest = threading.Event()
+
+    def slow_upload() -> Iterator[bytes]:
+        yield held_body[:100]
+        upload_rest.wait(120)
+        yield held_body[100:]
+
+    def send_held() -> httpx.Response:
+        headers = {"content-type": "application/json", "content-length": str(len(held_body))}
+        return httpx.post(url, content=slow_upload(), headers=headers, timeout=120)
+
+    # The other is a stream that is running, and goes on to its end (the server writes a
+    # stream's tokens as they come, whether or not the client reads them).
     tokens = 2000
     request = rendered_generate(urls["render"], model, seed=991, max_tokens=tokens)
-    url = f"{node.url}/inference/v1/generate"
     received: list[int] = []
-    with httpx.stream("POST", url, json=request, timeout=120) as r:
-        assert r.status_code == 200
-        lines = r.iter_lines()
-        for line in lines:
-            if line.startswith("data: {"):
-                received += json.loads(line[6:])["choices"][0]["token_ids"]
-                break  # the request is running on the engine
-        signalled = time.monotonic()
-        node.proc.send_signal(signal.SIGTERM)  # to the server process, as an orchestrator does
-        wait_until(
-            lambda: httpx.get(f"{node.url}/health", timeout=5).status_code == 503,
-            10,
-            "the node to report it is draining",
-        )
-        refused = httpx.post(url, json={**request, "stream": False}, timeout=30)
-        for line in lines:  # the stream goes on to its end
-            if line.startswith("data: {"):
-                for choice in json.loads(line[6:])["choices"]:
-                    received += choice["token_ids"] or []
+    with ThreadPoolExecutor(1) as pool:
+        held_answer = pool.submit(send_held)
+        try:
+            # Admitted (before its body is read): the request is in the server.
+            wait_until(lambda: pending(node) >= 1, 60, "the held request on the node")
+            with httpx.stream("POST", url, json=request, timeout=120) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                for line in lines:
+                    if line.startswith("data: {"):
+                        received += json.loads(line[6:])["choices"][0]["token_ids"]
+                        break  # the request is running on the engine
+                signalled = time.monotonic()
+                # To the server process, as an orchestrator does.
+                node.proc.send_signal(signal.SIGTERM)
+                wait_until(
+                    lambda: httpx.get(f"{node.url}/health", timeout=5).status_code == 503,
+                    10,
+                    "the node to report it is draining",
+                )
+                refused = httpx.post(url, json={**request, "stream": False}, timeout=30)
+                upload_rest.set()  # the held request sends the rest of its body, and runs
+                for line in lines:  # the stream goes on to its end
+                    if line.startswith("data: {"):
+                        for choice in json.loads(line[6:])["choices"]:
+                            received += choice["token_ids"] or []
+        finally:
+            upload_rest.set()
+        answer = held_answer.result(timeout=120)
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["type"] == "shutting_down"
     assert len(received) == tokens
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["choices"][0]["token_ids"]) == 16
     assert node.proc.wait(timeout=EXIT_WITHIN_S) == 0, node.log_text()
     assert time.monotonic() - signalled < EXIT_WITHIN_S + 30
 
