@@ -138,6 +138,13 @@ CPU_ENGINE_ARGS = (
 )
 
 
+SERVER_ITEM_CACHE_BYTES = str(128 * 1024 * 1024)
+"""Generate's item cache in the servers started here (a caller's own ``--item-cache-bytes``
+wins). Its default, 1 GiB faulted in at start-up, is 1 GiB of RSS per process that no test
+fills: at the test session's low point (four engines, three of them ours) 2.2 GiB of this
+machine's 24 were left, and a process short of memory stalls while its engine runs on."""
+
+
 # vLLM's own default binding of a CPU engine's OpenMP threads (``make`` exports ``nobind``
 # for everything it runs; benchmarks that compare engines give both this one).
 VLLM_DEFAULT_BINDING = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
@@ -187,7 +194,8 @@ def tandem_generate(
     """Our generate server; control routes on (it binds 127.0.0.1), and with ``weight_dir`` the
     tandem_file weight-transfer backend reading updates from that folder (``options``: more of
     its command-line options; ``env``: variables set over this process's environment)."""
-    args = ["--model", model, "--enable-control-routes", *CPU_ENGINE_ARGS, *options]
+    args = ["--model", model, "--enable-control-routes", *CPU_ENGINE_ARGS]
+    args += ["--item-cache-bytes", SERVER_ITEM_CACHE_BYTES, *options]
     if weight_dir is not None:
         args += [*weight_transfer_args(weight_dir)]
     return _start("tandem-generate", "tandem_generate", args, env)
