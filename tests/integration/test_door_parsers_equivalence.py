@@ -21,6 +21,7 @@ import pytest
 
 from tools.servers import serving, tandem_front, tandem_generate, tandem_render, upstream_serve
 
+from ..support.openai_compare import carries_output
 from ..support.parser_model import PARSER_FLAGS, parser_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.own_fleet]
@@ -110,19 +111,6 @@ def streamed(client: Any, kind: str, body: dict[str, Any]) -> list[dict[str, Any
     return [scrub(c.model_dump()) for c in sdk_call(client, kind, body, stream=True)]
 
 
-def _carries(choice: dict[str, Any]) -> bool:
-    """Whether a streamed choice carries output: text, reasoning, tool calls or logprobs."""
-    delta = choice.get("delta") or {}
-    lp = choice.get("logprobs") or {}
-    fields = ("content", "reasoning", "reasoning_content", "tool_calls")
-    return bool(
-        choice.get("text")
-        or lp.get("content")
-        or lp.get("tokens")
-        or any(delta.get(f) for f in fields)
-    )
-
-
 def shape(chunks: list[dict[str, Any]]) -> list[str]:
     """The chunk sequence as kinds (runs collapsed): role, delta, finish, usage. A finish chunk
     that carries output counts as a delta and then the finish: how many tokens one chunk
@@ -133,7 +121,9 @@ def shape(chunks: list[dict[str, Any]]) -> list[str]:
         if not c["choices"]:
             found = ["usage"]
         elif c["choices"][0].get("finish_reason"):
-            found = ["delta", "finish"] if _carries(c["choices"][0]) else ["finish"]
+            choice = c["choices"][0]
+            carries = carries_output(choice, chat="delta" in choice)
+            found = ["delta", "finish"] if carries else ["finish"]
         elif (c["choices"][0].get("delta") or {}).get("role"):
             found = ["role"]
         else:

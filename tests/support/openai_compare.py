@@ -236,8 +236,18 @@ def _logprob_positions(lp: dict[str, Any], chat: bool) -> list[Any]:
     return [dict(zip(keys, row, strict=True)) for row in zip(*(lp[k] for k in keys), strict=True)]
 
 
-def _carries_logprobs(lp: dict[str, Any] | None, chat: bool) -> bool:
-    return lp is not None and bool(_logprob_positions(lp, chat))
+def carries_output(choice: dict[str, Any], chat: bool) -> bool:
+    """Whether a streamed choice carries output: text, reasoning, tool calls, token ids or
+    logprobs (a finish chunk that does counts as a delta and then the finish in a shape)."""
+    delta = choice.get("delta") or {}
+    text = delta.get("content") if chat else choice.get("text")
+    lp = choice.get("logprobs")
+    return bool(
+        text
+        or choice.get("token_ids")
+        or any(delta.get(f) for f in ("reasoning", "reasoning_content", "tool_calls"))
+        or (lp is not None and _logprob_positions(lp, chat))
+    )
 
 
 def shape(events: list[Any], chat: bool) -> dict[str, Any]:
@@ -267,7 +277,7 @@ def shape(events: list[Any], chat: bool) -> dict[str, Any]:
                 found = ["role+text" if text else "role"]
             elif c.get("finish_reason") is None:
                 found = ["delta"]
-            elif text or c.get("token_ids") or _carries_logprobs(c.get("logprobs"), chat):
+            elif carries_output(c, chat):
                 found = ["delta", "finish"]
             else:
                 found = ["finish"]
