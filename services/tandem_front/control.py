@@ -6,9 +6,9 @@ only when every node it must reach answered 2xx, else ``control_partial_failure`
 node that failed with its own status and error type. So is ``/get_world_size``; a fleet is
 paused if any node is; ``/weight_info`` lists every node's weights and which are fenced, and
 why; server info is the first node's. ``/init_weight_transfer_engine`` gives each node its own
-NCCL ranks (see ``ranks``). The update's steps go to every node that has not left the fleet
-(unreachable past ``--node-timeout-s``), and only the nodes that served when a step began can
-fail it.
+NCCL ranks (see ``ranks``). Every route but ``/weight_info`` goes to the nodes that have not
+left the fleet (unreachable past ``--node-timeout-s``), and only the nodes that served when an
+update's step began can fail it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,15 @@ async def relay(
     path = route.path
     if path in fleet.UPDATE_STEPS:
         return await _update_step(upstreams, ask, path, body)
-    nodes = upstreams.generate
+    # A node that has left the fleet is asked only what it holds (that is how it comes back).
+    everyone = path == fleet.WEIGHT_INFO_PATH
+    nodes = (
+        upstreams.generate
+        if everyone
+        else fleet.taking_part(upstreams.generate, *upstreams.node_clock())
+    )
+    if not nodes:
+        raise UpstreamUnavailable(f"{path}: no generate node is reachable")
     view = upstreams.view()
     query = f"?{params}" if params else ""
     bodies = await _init_bodies(ask, body, nodes, view) if path == fleet.INIT_PATH else None

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import msgspec
@@ -569,29 +570,20 @@ class AsyncTandemClient:
 
     # -- control (every generate node) ----------------------------------------------------------
 
-    async def _control(
-        self, url: str, path: str, body: Any = None, params: dict[str, Any] | None = None
-    ) -> Any:
-        """One control call (JSON, as vLLM's own routes take them); errors are typed."""
-        try:
-            r = await self._http.post(
-                f"{url}{path}", json=body, params=params, headers=self._control_headers
-            )
-        except httpx.TransportError as exc:
-            raise TransportError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
-        if r.status_code >= 400:
-            raise error_from_response(r.status_code, _error_body(r), f"{url}{path}")
-        return r.json()
-
-    async def _on_every_node(
-        self, path: str, body: Any = None, params: dict[str, Any] | None = None
-    ) -> list[Any]:
+    async def _on_every_node(self, path: str, params: dict[str, Any] | None = None) -> list[Any]:
+        """A control POST on every node that has not left the fleet (``tandem_client.fleet``);
+        the first node that fails it raises, typed."""
         await self._discover()
-        return list(
-            await asyncio.gather(
-                *(self._control(u, path, body, params) for u in self.generate_urls)
-            )
-        )
+        everyone = [self._nodes[u] for u in self.generate_urls]
+        nodes = fleet.taking_part(everyone, time.monotonic(), self.node_timeout_s)
+        query = f"?{urlencode(params)}" if params else ""
+        answers = await fleet.ask_each(self._ask, nodes, "POST", path + query)
+        for a in answers:
+            if a.status == 0:
+                raise TransportError(f"{a.url}{path}: {a.body}")
+            if not a.ok:
+                raise error_from_response(a.status, a.body, f"{a.url}{path}")
+        return [a.body for a in answers]
 
     async def _ask(
         self, node: fleet.Node, method: str, path: str, body: bytes, extra: Mapping[str, str]
