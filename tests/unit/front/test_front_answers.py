@@ -479,6 +479,24 @@ async def test_a_choice_generate_gave_no_spans_for_answers_null_when_asked(plain
     assert r.json()["choices"][0]["weight_versions"] is None
 
 
+async def test_a_choice_aborted_before_its_first_token_has_its_spans_only_in_a_whole_answer(
+    plain,
+):
+    aborted = {"index": 1, "token_ids": [], "finish_reason": "abort", "weight_versions": []}
+    r = await post(
+        plain, Pair(whole(_last(0, [75], versions(0, 0)), aborted), TWO), *ROUTES[0], ASK
+    )
+    assert [c["weight_versions"] for c in r.json()["choices"]] == [versions(0, 0), []]
+    # As vllm serve: no chunk for a choice with no output, so none to carry its (empty) spans.
+    body = {**ROUTES[0][1], "stream": True}
+    stream = streamed(
+        [{"index": 0, "token_ids": [75]}], [aborted], [_last(0, [78], versions(0, 0))]
+    )
+    chunks = events((await post(plain, Pair(stream, TWO), ROUTES[0][0], body, ASK)).content)
+    ending = [c for ch in chunks[:-1] for c in ch["choices"] if c.get("finish_reason")]
+    assert [(c["index"], c["weight_versions"]) for c in ending] == [(0, versions(0, 0))]
+
+
 @pytest.mark.parametrize("value", ["false", "1", ""])
 async def test_only_true_asks_for_spans(plain, value):
     r = await post(
