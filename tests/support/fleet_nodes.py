@@ -36,7 +36,6 @@ class GenNode:
         self.name = name
         self.restart(version)
         self.down = False
-        self.fail: dict[str, str] = {}
         self.paths: list[str] = []
         self.generated: list[str] = []
         """The weights each completion it served was computed with, with its label."""

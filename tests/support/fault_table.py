@@ -1,5 +1,6 @@
-"""The fault table of docs/rl.md, made by running each fault: ``python -m tools.fleet_fault_table``
-prints it, ``--write`` puts it into the page (between its ``fault-table`` markers).
+"""The fault table of docs/rl.md, made by running each fault:
+``python -m tests.support.fault_table`` prints it, ``--write`` puts it into the page (between
+its ``fault-table`` markers).
 
 A weight update through the front door over two generate nodes, A and B, with one fault on B
 at one step: B refuses the step, times out on it, is killed at it, or is killed and comes back
@@ -23,7 +24,7 @@ from tandem_front.settings import FrontSettings
 from tests.support.asgi import app_client
 from tests.support.fleet_nodes import GenFleet, GenNode
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "rl.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 BEGIN, END = "<!-- fault-table -->", "<!-- /fault-table -->"
 
 STEPS = ("start_weight_update", "update_weights", "finish_weight_update")
