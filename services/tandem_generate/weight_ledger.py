@@ -22,18 +22,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 
-from tandem_wire.control import UpdateId, WeightInfo, WeightTransferState
+from tandem_wire.control import APPLIED_REPORTED, UpdateId, WeightInfo, WeightTransferState
 
 __all__ = [
-    "APPLIED_REPORTED",
     "FINISH_FAILED",
     "PARTIAL_LOAD",
     "PREFIX_CACHE_NOT_RESET",
     "WeightLedger",
 ]
-
-APPLIED_REPORTED = 64
-"""How many of the newest applied updates ``/weight_info`` lists."""
 
 PARTIAL_LOAD = "partial_load"
 FINISH_FAILED = "finish_failed"

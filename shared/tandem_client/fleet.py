@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tandem_wire import error_types
-from tandem_wire.control import UPDATE_ID_HEADER, UpdateId
+from tandem_wire.control import APPLIED_REPORTED, UPDATE_ID_HEADER, UpdateId
 
 from .routing import rendezvous_order
 
@@ -112,6 +112,8 @@ class Node:
     unwritten: int | None = None
     transfer_ready: bool | None = None
     """Whether it can take an update now (None: it did not say)."""
+    transfer_backend: str | None = None
+    """How it takes updates (``nccl``, ``tandem_file``...; None: it takes none, or did not say)."""
 
     def learn(self, weight_info: Any) -> bool:
         """Take a /weight_info answer; False when it is not one. Upstream vLLM's, which has
@@ -131,8 +133,10 @@ class Node:
         left = weight_info.get("unwritten")
         self.unwritten = left if _count(left) else None
         transfer = weight_info.get("weight_transfer")
-        ready = transfer.get("ready") if isinstance(transfer, dict) else None
+        transfer = transfer if isinstance(transfer, dict) else {}
+        ready, backend = transfer.get("ready"), transfer.get("backend")
         self.transfer_ready = ready if isinstance(ready, bool) else None
+        self.transfer_backend = backend if isinstance(backend, str) else None
         return True
 
     def cool_down(self, now: float, seconds: float) -> None:
@@ -188,9 +192,9 @@ class FleetView:
         if self.reference is None:
             return []
         have = set(node.applied)
-        return [
-            s for s in self.reference.applied if s not in have and s > min(node.applied or (0,))
-        ]
+        # A full list is cut at its oldest: what came before it is not known.
+        known_from = min(have) if len(have) >= APPLIED_REPORTED else 0
+        return [s for s in self.reference.applied if s not in have and s > known_from]
 
 
 def judge(nodes: Sequence[Node], now: float, node_timeout_s: float) -> FleetView:
@@ -206,10 +210,12 @@ def judge(nodes: Sequence[Node], now: float, node_timeout_s: float) -> FleetView
     reference = max(
         clean, key=lambda n: (n.applied, holders[n.weights_id], n.weights_id or ""), default=None
     )
-    transfer_set_up = any(n.transfer_ready for n in told)
+    # Backends whose trainer's group is set up on some node (a node of the same backend that is
+    # not in it was found later: it can take no update).
+    set_up = {n.transfer_backend for n in told if n.transfer_ready}
     reasons: dict[str, str | None] = {}
     for n in nodes:
-        reasons[n.url] = _reason(n, reference, live, told, transfer_set_up)
+        reasons[n.url] = _reason(n, reference, live, told, set_up)
     return FleetView(reference, reasons)
 
 
@@ -218,7 +224,7 @@ def _reason(
     reference: Node | None,
     live: Sequence[Node],
     told: Sequence[Node],
-    transfer_set_up: bool,
+    set_up: set[str | None],
 ) -> str | None:
     if n not in live:
         return UNREACHABLE
@@ -226,7 +232,11 @@ def _reason(
         return NOT_TOLD if told else None
     if n.unclean is not None:
         return f"{UNCLEAN}: {n.unclean}"
-    if transfer_set_up and n.transfer_ready is False:
+    if (
+        n.transfer_ready is False
+        and n.transfer_backend is not None
+        and n.transfer_backend in set_up
+    ):
         return NO_TRANSFER
     if reference is None or n.weights_id != reference.weights_id:
         return OTHER_WEIGHTS

@@ -11,6 +11,7 @@ from typing import Any, Literal, NamedTuple
 from msgspec import Struct
 
 __all__ = [
+    "APPLIED_REPORTED",
     "CONTROL_ROUTES",
     "UPDATE_ID_HEADER",
     "ControlRoute",
@@ -34,6 +35,9 @@ UPDATE_ID_HEADER = "x-tandem-update-id"
 """Sent with ``/start_weight_update`` by whoever runs an update over several nodes (the front
 door, ``tandem_client``): the update's id (``UpdateId``), the same on every node, so that the
 nodes can tell a router which updates they applied. A node started without it mints its own."""
+
+APPLIED_REPORTED = 64
+"""How many of a node's newest applied updates ``/weight_info`` lists (``applied_seqs``)."""
 
 _UPDATE_ID = re.compile(r"([0-9]{1,15})-([0-9a-f]{8,64})")
 
@@ -90,7 +94,7 @@ class WeightInfo(Struct):
     """The sequence number of the last update this node applied (0: none since start-up)."""
     applied_seqs: list[int]
     """The sequence numbers of the updates it applied since start-up, newest first (at most
-    the last 64): routers rank nodes by them, newest update first."""
+    the last ``APPLIED_REPORTED``): routers rank nodes by them, newest update first."""
     seen_seq: int
     """The highest sequence number of an update it was asked to start (a new id is minted
     above it)."""
