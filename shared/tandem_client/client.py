@@ -655,10 +655,12 @@ class AsyncTandemClient:
         are written once into ``weight_dir`` (the folder the nodes were started with as
         ``--weight-transfer-dir``; see ``tandem_client.weights``), then the nodes run
         start -> update -> finish as ``tandem_client.fleet`` says: the update starts on every
-        node or on none; a node whose update or finish fails while others load the weights is
-        fenced (gets no requests from this client) until it holds the new version, and
-        FleetPartialFailure names each such node's own failure. A file every node refuses
-        alike raises that refusal (WeightUpdateError) and nothing is loaded anywhere.
+        serving node or on none; a node whose update or finish fails while others load the
+        weights is fenced (gets no requests from this client) until it holds the fleet's
+        weights again, and FleetPartialFailure names each such node's own failure. A node
+        unreachable past ``node_timeout_s`` has left the fleet and is not waited for. A file
+        every node refuses alike raises that refusal (WeightUpdateError) and nothing is loaded
+        anywhere.
         Requests running meanwhile go on under the new weights once they are loaded: each node
         resets its prefix cache (preempting running requests, which recompute their KV under
         the new weights), and each completion's ``weight_versions`` names the tokens each

@@ -42,7 +42,7 @@ class Node:
         body = await request.body()
         if request.url.path == "/weight_info" and request.method == "GET":
             # The door's own poll of versions (fencing), not a request of the test's.
-            return JSONResponse({"weight_version": "default", "updated_at": None})
+            return JSONResponse({"weight_version": "default"})
         self.seen.append((request.url.path, body, dict(request.headers)))
         if request.url.path == "/inference/v1/generate" and self.status == 200:
             return JSONResponse(self.answer)
