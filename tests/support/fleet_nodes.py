@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import anyio
 import httpx
 import msgspec
 
@@ -169,6 +170,12 @@ class GenFleet(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
-        r = self.nodes[request.url.host].handle(request)
+        node = self.nodes[request.url.host]
+        if node.fail.get(request.url.path.strip("/")) == "hang":
+            # A node that never answers: the caller's read timeout ends the wait, as a real
+            # connection's would (this transport is where httpx leaves the timeout to).
+            await anyio.sleep(request.extensions.get("timeout", {}).get("read") or 3600)
+            raise httpx.ReadTimeout("no answer", request=request)
+        r = node.handle(request)
         # As a network answer: its bytes not read yet (the door streams them on).
         return httpx.Response(r.status_code, headers=r.headers, stream=httpx.ByteStream(r.content))

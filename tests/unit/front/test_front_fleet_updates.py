@@ -245,3 +245,42 @@ async def test_a_finish_whose_answer_is_lost_names_the_node_but_fences_it_only_i
         assert (await c.get("/weight_info")).json()["fenced"] == []  # B reports v1: it holds it
         await generate_many(c)
     assert b.generated and a.lying() == [] and b.lying() == []
+
+
+async def test_a_hung_node_holds_no_update_step_past_the_control_timeout():
+    a, b = GenNode("g1"), GenNode("g2")
+    b.fail["weight_info"] = "hang"  # every version poll and each step's own read hang on B
+    f = GenFleet(a, b)
+    s = settings(
+        generate_urls=("http://g1", "http://g2"),
+        fence_poll_s=3600.0,
+        node_cooldown_s=0.0,
+        control_timeout_s=0.2,
+    )
+    async with app_client(create_app(s, Texts(), f)) as c:
+        with anyio.fail_after(30):  # 600 s each with the read timeout
+            steps = await push(c, "v1")
+    assert [code for code, _ in steps] == [200, 200, 200]
+    assert (a.weights, b.weights) == ("v1", "v1")
+
+
+async def test_the_version_watch_outlives_a_round_that_fails(monkeypatch):
+    a, b = GenNode("g1"), GenNode("g2")
+    s = settings(generate_urls=("http://g1", "http://g2"), fence_poll_s=0.05)
+    calls = []
+
+    app = create_app(s, Texts(), GenFleet(a, b))
+    async with app_client(app):
+        ups = app.state.forwarder.upstreams  # the door's own node state
+        real = ups.refresh_versions
+
+        async def flaky():
+            calls.append(None)
+            if len(calls) == 1:
+                raise RuntimeError("one bad round")
+            return await real()
+
+        monkeypatch.setattr(ups, "refresh_versions", flaky)
+        with anyio.fail_after(30):
+            while len(calls) < 3:
+                await anyio.sleep(0.05)
