@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from tests.support.greedy_probe import PROMPT, completion
 from tools.servers import free_port, serving, tandem_front, tandem_generate
 from tools.tiny_models import ensure_model
 
@@ -26,7 +27,6 @@ pytestmark = [
     pytest.mark.own_fleet,  # two engines of its own: run before the shared fleet exists
 ]
 
-PROMPT = [1017, 359, 261, 198, 82, 88, 1018, 198, 1017, 436, 198]
 ZEROED = [0] * 8
 NODE_TIMEOUT_S = 3.0
 
@@ -37,19 +37,6 @@ def zeroed_head(model: str) -> dict:
 
     head = load_file(f"{model}/model.safetensors")["lm_head.weight"]
     return {"lm_head.weight": torch.zeros_like(head)}
-
-
-def completion(url: str, request_id: str) -> tuple[list[int], str]:
-    body = {
-        "request_id": request_id,
-        "token_ids": PROMPT,
-        "sampling_params": {"temperature": 0.0, "max_tokens": 8},
-    }
-    r = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
-    [label] = {v["version"] for v in choice["weight_versions"]}
-    return choice["token_ids"], label
 
 
 def trl_update(door: str, path: str) -> list[int]:

@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from tests.support.greedy_probe import completion
 from tools.servers import free_port, serving, tandem_front, tandem_generate
 from tools.tiny_models import ensure_model
 
@@ -24,8 +25,6 @@ pytestmark = [
     pytest.mark.own_fleet,  # two engines of its own: run before the shared fleet exists
 ]
 
-PROMPT = [1017, 359, 261, 198, 82, 88, 1018, 198, 1017, 436, 198]
-
 
 def perturbed_head(model: str) -> dict:
     import torch
@@ -35,19 +34,6 @@ def perturbed_head(model: str) -> dict:
     gen = torch.Generator().manual_seed(3)
     noise = torch.randn(head.shape, generator=gen) * (head.float().std() + 0.01) * 4
     return {"lm_head.weight": (head.float() + noise).to(head.dtype)}
-
-
-def completion(url: str, request_id: str) -> tuple[list[int], str]:
-    body = {
-        "request_id": request_id,
-        "token_ids": PROMPT,
-        "sampling_params": {"temperature": 0.0, "max_tokens": 8},
-    }
-    r = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
-    [label] = {v["version"] for v in choice["weight_versions"]}
-    return choice["token_ids"], label
 
 
 def served(url: str) -> float:

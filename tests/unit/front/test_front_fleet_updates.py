@@ -22,10 +22,10 @@ pytestmark = pytest.mark.anyio
 KEYS = [f"key-{i}" for i in range(24)]
 
 
-def door(f: GenFleet):
+def door(f: GenFleet, **kw):
     # No cool-down: what keeps requests off a node here is fencing alone.
-    s = settings(generate_urls=("http://g1", "http://g2"), fence_poll_s=3600.0, node_cooldown_s=0.0)
-    return create_app(s, Texts(), f)
+    base = dict(generate_urls=("http://g1", "http://g2"), fence_poll_s=3600.0, node_cooldown_s=0.0)
+    return create_app(settings(**{**base, **kw}), Texts(), f)
 
 
 async def generate_many(c) -> list[int]:
@@ -206,13 +206,7 @@ async def test_with_the_fleet_s_node_unreachable_a_fenced_node_gets_nothing_unti
     a, b = GenNode("g1"), GenNode("g2")
     a.fail["update_weights"] = "refuse"
     f = GenFleet(a, b)
-    s = settings(
-        generate_urls=("http://g1", "http://g2"),
-        fence_poll_s=3600.0,
-        node_cooldown_s=0.0,
-        node_timeout_s=0.3,
-    )
-    async with app_client(create_app(s, Texts(), f)) as c:
+    async with app_client(door(f, node_timeout_s=0.3)) as c:
         await push(c, "v1")  # B holds v1, A failed its chunk: A fenced
         a.fail.clear()
         b.down = True
@@ -251,13 +245,7 @@ async def test_a_hung_node_holds_no_update_step_past_the_control_timeout():
     a, b = GenNode("g1"), GenNode("g2")
     b.fail["weight_info"] = "hang"  # every version poll and each step's own read hang on B
     f = GenFleet(a, b)
-    s = settings(
-        generate_urls=("http://g1", "http://g2"),
-        fence_poll_s=3600.0,
-        node_cooldown_s=0.0,
-        control_timeout_s=0.2,
-    )
-    async with app_client(create_app(s, Texts(), f)) as c:
+    async with app_client(door(f, control_timeout_s=0.2)) as c:
         with anyio.fail_after(30):  # 600 s each with the read timeout
             steps = await push(c, "v1")
     assert [code for code, _ in steps] == [200, 200, 200]
@@ -266,10 +254,8 @@ async def test_a_hung_node_holds_no_update_step_past_the_control_timeout():
 
 async def test_the_version_watch_outlives_a_round_that_fails(monkeypatch):
     a, b = GenNode("g1"), GenNode("g2")
-    s = settings(generate_urls=("http://g1", "http://g2"), fence_poll_s=0.05)
     calls = []
-
-    app = create_app(s, Texts(), GenFleet(a, b))
+    app = door(GenFleet(a, b), fence_poll_s=0.05)
     async with app_client(app):
         ups = app.state.forwarder.upstreams  # the door's own node state
         real = ups.refresh_versions
