@@ -91,11 +91,11 @@ async def relay(
     if path == fleet.WEIGHT_INFO_PATH:
         upstreams.learn_versions(nodes, answers)
         view = upstreams.view()
+    refusal = fleet.refused_alike(answers)
+    if refusal is not None:
+        return refusal.status, refusal.body
     failed = [a for a in answers if not a.ok]
     ok = [a for a in answers if a.ok]
-    if failed and not ok and len({a.status for a in failed}) == 1 and failed[0].status:
-        # Every node refused the same way (bad body, no such route, no key): their answer.
-        return failed[0].status, failed[0].body
     if route.changes_state:
         _refuse(path, failed, answers, view)
     try:

@@ -65,6 +65,7 @@ __all__ = [
     "finish_update",
     "judge",
     "least_pending",
+    "refused_alike",
     "rendezvous_nodes",
     "send_chunk",
     "start_update",
@@ -340,10 +341,15 @@ def _result(
     asked: Sequence[Node], answers: list[NodeAnswer], view: FleetView, **extra: Any
 ) -> StepResult:
     failures = [a for n, a in zip(asked, answers, strict=True) if not a.ok and view.serves(n)]
-    refused = [a for a in answers if not a.ok]
-    alike = bool(answers) and len(refused) == len(answers) and len({a.status for a in refused}) == 1
-    refusal = refused[0] if alike and refused[0].status else None
-    return StepResult(list(asked), answers, failures, refusal, **extra)
+    return StepResult(list(asked), answers, failures, refused_alike(answers), **extra)
+
+
+def refused_alike(answers: Sequence[NodeAnswer]) -> NodeAnswer | None:
+    """The answer to pass on when every node refused the same way (the same status: a bad
+    body, no such route, no key, a file checked against the same model), else None."""
+    alike = bool(answers) and not any(a.ok for a in answers)
+    alike = alike and len({a.status for a in answers}) == 1 and answers[0].status != 0
+    return answers[0] if alike else None
 
 
 async def start_update(ask: Ask, nodes: Sequence[Node], view: FleetView) -> StepResult:
