@@ -46,7 +46,7 @@ from .weight_files import (
     model_folder,
     read_header,
 )
-from .weight_ledger import FINISH_FAILED, PREFIX_CACHE_NOT_RESET, WeightLedger
+from .weight_ledger import PREFIX_CACHE_NOT_RESET, WeightLedger
 
 __all__ = ["EngineControl", "PAUSE_MODES"]
 
@@ -175,8 +175,7 @@ class EngineControl:
                 try:
                     await self.llm.finish_weight_update(weight_version)
                 except Exception:
-                    self.ledger.current = None
-                    self.ledger.mark_unclean(FINISH_FAILED)
+                    self.ledger.finish_failed()
                     raise
                 self.ledger.finished()
                 try:

@@ -105,6 +105,11 @@ class WeightLedger:
             self.mark_unclean(PARTIAL_LOAD)
         self.current = None
 
+    def finish_failed(self) -> None:
+        """The update under way failed while loading: what the model holds is not known."""
+        self.current = None
+        self.mark_unclean(FINISH_FAILED)
+
     def mark_unclean(self, reason: str) -> None:
         """The weights or caches may not be what ``weights_id`` says."""
         if reason in (PARTIAL_LOAD, FINISH_FAILED):

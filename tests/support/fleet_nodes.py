@@ -79,8 +79,7 @@ class GenNode:
             if step == "update_weights":
                 self.ledger.ended(loaded_in_place=False)  # vLLM's worker ends the update
             if step == "finish_weight_update":  # as generate's control: the load may be partial
-                self.ledger.current = None
-                self.ledger.mark_unclean("finish_failed")
+                self.ledger.finish_failed()
             return _error(500, "internal_error", f"{self.name} failed {step}")
         control = request.content and path != "/inference/v1/generate"
         self._update_id = request.headers.get(UPDATE_ID_HEADER)
