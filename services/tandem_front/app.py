@@ -19,6 +19,7 @@ from tandem_client.routing import ROUTE_KEY_HEADER
 from tandem_http import (
     CONTROL_BODY_BYTES,
     AdmissionGate,
+    BodyDeadline,
     ControlAccess,
     admitted,
     body_chunks,
@@ -105,7 +106,13 @@ def create_app(
             await upstreams.aclose()
             mark_process_dead(os.getpid())
 
-    app = service_app("Tandem front door", lifespan, settings.api_key, settings.admin_api_key)
+    app = service_app(
+        "Tandem front door",
+        lifespan,
+        settings.api_key,
+        settings.admin_api_key,
+        BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+    )
     app.add_exception_handler(ClientGone, _client_gone)
 
     def forwarder(request: Request) -> Forwarder:

@@ -12,7 +12,14 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.envs import enable_envs_cache
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from tandem_http import ADMIN_KEY_ENV, Drain, DrainingConfig, DrainingServer, keys_from_env
+from tandem_http import (
+    ADMIN_KEY_ENV,
+    Drain,
+    DrainingConfig,
+    DrainingServer,
+    add_body_deadline_flags,
+    keys_from_env,
+)
 
 from .app import create_app
 from .engine import Engine
@@ -93,6 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "requests may hold before answering 429 (default: a quarter of the memory limit, "
         "cgroup or RAM; 0: no byte budget)",
     )
+    add_body_deadline_flags(ours)
     ours.add_argument(
         "--allow-request-priority",
         action="store_true",
@@ -144,6 +152,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,
         max_held_bytes=args.max_held_bytes,
+        body_timeout_s=args.body_timeout_s,
+        body_min_rate=args.body_min_rate,
         item_cache_bytes=args.item_cache_bytes,
         allow_request_priority=args.allow_request_priority,
         pretouch_item_cache=args.pretouch_item_cache,

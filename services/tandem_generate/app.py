@@ -16,6 +16,7 @@ from tandem_http import (
     CONTROL_BODY_BYTES,
     MAX_BODY_HEADER,
     AdmissionGate,
+    BodyDeadline,
     ControlAccess,
     HeldStreamingResponse,
     admitted,
@@ -110,7 +111,13 @@ def create_app(
             if shutdown_engine:
                 engine.shutdown()
 
-    app = service_app("Tandem generate", lifespan, settings.api_key, settings.admin_api_key)
+    app = service_app(
+        "Tandem generate",
+        lifespan,
+        settings.api_key,
+        settings.admin_api_key,
+        BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+    )
 
     def service(request: Request) -> GenerateService:
         return request.app.state.service  # type: ignore[no-any-return]

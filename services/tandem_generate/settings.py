@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem_http import BodyDeadline
+
 __all__ = ["ENGINE_MM_PROCESSOR_CACHE_GB", "ONEDNN_KERNEL_CACHE", "GenerateSettings"]
 
 ENGINE_MM_PROCESSOR_CACHE_GB = 0.0
@@ -67,6 +69,13 @@ class GenerateSettings:
     Retry-After before its body is read, and one declaring more than all of it 413. None: a
     quarter of this process's memory (its cgroup limit, else the host's RAM); 0: no byte
     budget."""
+
+    body_timeout_s: float = BodyDeadline.timeout_s
+    """A request body's grace and the longest pause within it, in seconds: past either, 408
+    ``body_timeout`` and the request is let go (``tandem_http.BodyDeadline``); 0: no deadline."""
+
+    body_min_rate: int = BodyDeadline.min_rate
+    """Bytes per second a request body must keep on average once ``body_timeout_s`` is spent."""
 
     allow_request_priority: bool = False
     """Honour the ``priority`` a request sets (with ``--scheduling-policy priority`` a caller

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from tandem_http import (
     AdmissionGate,
+    BodyDeadline,
     PartsResponse,
     admitted,
     held_bytes_budget,
@@ -94,7 +95,12 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
             await loader.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges stop counting
 
-    app = service_app("Tandem render", lifespan, settings.api_key)
+    app = service_app(
+        "Tandem render",
+        lifespan,
+        settings.api_key,
+        body_deadline=BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+    )
 
     async def request_body(request: Request) -> tuple[bytes, Any, Any, frozenset[str], bool]:
         body = await read_body(request, settings.max_body_bytes)

@@ -3,7 +3,10 @@ wire-encoded responses."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -22,12 +25,16 @@ from tandem_wire import (
 )
 
 from .admission import slot_of
+from .errors import BodyTimeout
 
 __all__ = [
     "AcceptEncodingMiddleware",
     "CONTROL_BODY_BYTES",
+    "BodyDeadline",
+    "BodyDeadlineMiddleware",
     "BodyTooLarge",
     "MAX_BODY_HEADER",
+    "add_body_deadline_flags",
     "PartsResponse",
     "body_chunks",
     "negotiate",
@@ -106,6 +113,107 @@ async def _chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
         if slot is not None:
             slot.read(len(chunk))
         yield chunk
+
+
+@dataclass(frozen=True)
+class BodyDeadline:
+    """How long a request body may take to arrive: Apache's ``RequestReadTimeout
+    body=timeout_s,MinRate=min_rate`` with nginx's ``client_body_timeout`` beside it.
+
+    A body gets ``timeout_s`` seconds, plus one more second for every ``min_rate`` bytes that
+    arrived, from the moment its request reached the app; and never more than ``timeout_s``
+    between two pieces of it. Past either, it is refused with 408 ``body_timeout`` and the
+    request (its admission slot with it) is let go. Without it, a client that declares a body
+    and sends a byte every few seconds holds its slot for as long as it likes, and
+    ``max_pending`` such clients shut a process to everyone else.
+    """
+
+    timeout_s: float = 30.0
+    """The grace every body gets, and the longest pause between two of its pieces, in seconds."""
+
+    min_rate: int = 64 * 1024
+    """Bytes per second a body must keep on average past the grace."""
+
+    @classmethod
+    def of(cls, timeout_s: float, min_rate: int) -> BodyDeadline | None:
+        """The deadline a service's ``--body-timeout-s`` and ``--body-min-rate`` set (None
+        for a timeout of 0: no deadline)."""
+        return cls(timeout_s, max(1, min_rate)) if timeout_s > 0 else None
+
+
+def add_body_deadline_flags(parser: argparse.ArgumentParser) -> None:
+    """A service's ``--body-timeout-s`` and ``--body-min-rate`` (its settings'
+    ``body_timeout_s`` and ``body_min_rate``), with ``BodyDeadline``'s defaults."""
+    d = BodyDeadline()
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=d.timeout_s,
+        help="seconds a request body gets, and the longest pause within it, before 408 "
+        "body_timeout frees its slot (0: no deadline; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--body-min-rate",
+        type=int,
+        default=d.min_rate,
+        help="bytes per second a request body must keep on average once --body-timeout-s is "
+        "spent (default: %(default)s)",
+    )
+
+
+class BodyDeadlineMiddleware:
+    """Puts every request body on its ``BodyDeadline``: the app's ``receive`` raises
+    ``BodyTimeout`` (408, rendered by the error handlers) once the body is late, whoever reads
+    it (``body_chunks``, a stream forwarded upstream). Once the body has arrived whole,
+    ``receive`` is left alone (it then waits for the client to leave, for as long as it likes).
+    ``deadline=None``: no deadline."""
+
+    def __init__(self, app: ASGIApp, deadline: BodyDeadline | None) -> None:
+        self.app = app
+        self.deadline = deadline
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.deadline is None:
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, _TimedBody(receive, self.deadline), send)
+
+
+class _TimedBody:
+    """One request's ``receive`` under its body deadline."""
+
+    def __init__(self, receive: Receive, deadline: BodyDeadline) -> None:
+        self._receive = receive
+        self._deadline = deadline
+        self._loop = asyncio.get_running_loop()
+        self._start = self._last = self._loop.time()
+        self._arrived = 0
+        self._whole = False
+
+    def _due(self) -> float:
+        d = self._deadline
+        by_rate = self._start + d.timeout_s + self._arrived / d.min_rate
+        return min(by_rate, self._last + d.timeout_s)
+
+    async def __call__(self) -> Message:
+        if self._whole:
+            return await self._receive()
+        try:
+            async with asyncio.timeout_at(self._due()):
+                message = await self._receive()
+        except TimeoutError:
+            self._whole = True  # what follows is the client leaving, untimed
+            d = self._deadline
+            raise BodyTimeout(
+                f"the request body was too slow: {self._arrived} bytes in "
+                f"{self._loop.time() - self._start:.0f} s (each piece within {d.timeout_s:g} s, "
+                f"{d.min_rate} bytes/s on average past that)"
+            ) from None
+        self._last = self._loop.time()
+        self._arrived += len(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self._whole = True
+        return message
 
 
 def negotiate(request: Request) -> tuple[WireFormat, WireFormat]:
