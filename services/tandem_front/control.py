@@ -5,8 +5,8 @@ that starts everywhere or nowhere) are ``tandem_client.fleet``'s. A state-changi
 only when every node it must reach answered 2xx, else ``control_partial_failure`` naming each
 node that failed with its own status and error type. So is ``/get_world_size``; a fleet is
 paused if any node is; ``/weight_info`` lists every node's version and which are fenced;
-server info is the first node's. ``/init_weight_transfer_engine`` gives each node its own NCCL
-ranks (see ``ranks``).
+server info is the first node's that answers (asked one node at a time).
+``/init_weight_transfer_engine`` gives each node its own NCCL ranks (see ``ranks``).
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ async def fan_out(
         await upstreams.refresh_versions()
     if path == fleet.START_PATH:
         answers = await fleet.start_everywhere(ask, nodes)
+    elif route.combine == "first":
+        answers = await _until_one_answers(ask, nodes, route.method, path + query)
     else:
         bodies = await _init_bodies(ask, body, nodes) if path == INIT_PATH else [body] * len(nodes)
         answers = await fleet.fan_out(ask, nodes, route.method, path + query, bodies)
@@ -102,6 +104,19 @@ async def fan_out(
         return 200, COMBINE[route.combine](answers, nodes)
     except CombineError as exc:
         raise _combine_error(exc) from None
+
+
+async def _until_one_answers(
+    ask: fleet.Ask, nodes: Sequence[Node], method: str, path: str
+) -> list[NodeAnswer]:
+    """For a route whose answer is one node's: the nodes asked in order until one answers
+    2xx, not the whole fleet at once for answers that would be dropped."""
+    answers: list[NodeAnswer] = []
+    for node in nodes:
+        answers.append(await ask(node, method, path, b""))
+        if answers[-1].ok:
+            break
+    return answers
 
 
 def _combine_error(exc: CombineError, prefix: str = "") -> FrontError:
