@@ -30,6 +30,7 @@ from tandem_http import (
     read_body,
     read_raw_body,
     service_app,
+    slot_of,
 )
 from tandem_http.admission import declared_length
 from tandem_http.openapi import BodySchemas, install_openapi
@@ -143,7 +144,7 @@ def create_app(
         body = await read_raw_body(request, cap)
         fmt = format_of_content_type(request.headers.get("content-type"))
         key, request_id = await generate_route(
-            request.headers.get(ROUTE_KEY_HEADER), body, coding, fmt, cap
+            request.headers.get(ROUTE_KEY_HEADER), body, coding, fmt, cap, slot_of(request)
         )
         nodes = fwd.upstreams.generate_order(key)
         if not _trl_shape(settings, request, request_id):

@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tandem_wire import (
+    IDENTITY,
     ZSTD,
     PayloadTooLarge,
     WireFormat,
@@ -23,8 +24,9 @@ from tandem_wire import (
     format_for_accept,
     format_of_content_type,
 )
+from tandem_wire.content_coding import declared_decoded_size
 
-from .admission import slot_of
+from .admission import Slot, slot_of
 from .errors import BodyTimeout
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "add_body_deadline_flags",
     "PartsResponse",
     "body_chunks",
+    "decoded",
     "negotiate",
     "read_body",
     "read_raw_body",
@@ -73,13 +76,55 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     """The whole body decoded from its ``Content-Encoding``, at most ``max_bytes`` both as sent
     and decoded (413 ``payload_too_large``; a zstd bomb is refused before it is inflated). An
     unknown coding is 415 ``unsupported_content_encoding`` before the body is read. Under
-    ``admitted``, a decoded copy is charged to the request's slot too."""
+    ``admitted``, the decoded copy is charged to the request's slot before it is allocated
+    (see ``decoded``)."""
     coding = body_coding(request.headers.get("content-encoding"))
     raw = await read_raw_body(request, max_bytes)
-    plain = decode_body(raw, coding, max_bytes)
-    slot = slot_of(request)
-    if slot is not None and plain is not raw:
-        slot.charge(len(plain))
+    return await decoded(slot_of(request), raw, coding, max_bytes)
+
+
+async def decoded(slot: Slot | None, raw: bytes, coding: str, max_bytes: int) -> bytes:
+    """``raw`` decoded from ``coding`` (``raw`` itself for ``identity``) in a worker thread
+    (zstd releases the GIL: the event loop keeps serving), at most ``max_bytes``, and held
+    against ``slot``'s budget before anything is allocated: the size the frame declares is
+    charged first (429 when it does not fit now, 413 when it would not fit the whole budget),
+    and a frame that does not declare it is decoded into no more than the room left (past it,
+    429). The charge stays with the slot until it is released; ``slot.give_back`` returns it
+    sooner for a copy dropped early."""
+    if coding == IDENTITY:
+        return raw
+    if slot is None or slot.room() is None:
+        plain = await asyncio.to_thread(decode_body, raw, coding, max_bytes)
+        if slot is not None:
+            slot.charge(len(plain))
+        return plain
+    size = declared_decoded_size(raw, coding)
+    if size is not None and size <= max_bytes:
+        slot.take(size)  # refused here when it does not fit, before any allocation
+        try:
+            plain = await asyncio.to_thread(decode_body, raw, coding, size)
+        except PayloadTooLarge:
+            slot.give_back(size)  # more frames than the first: decoded below, into the room
+        except BaseException:
+            slot.give_back(size)
+            raise
+        else:
+            return plain
+    room = min(max_bytes, slot.room() or 0)
+    slot.take(room)
+    try:
+        plain = await asyncio.to_thread(decode_body, raw, coding, room)
+    except PayloadTooLarge:
+        slot.give_back(room)
+        if room < max_bytes:
+            # Larger than the room left, not than the route's cap: 429, or 413 when even an
+            # empty process could not hold it beside this request's body.
+            raise slot.refusal(room + 1) from None
+        raise
+    except BaseException:
+        slot.give_back(room)
+        raise
+    slot.give_back(room - len(plain))
     return plain
 
 

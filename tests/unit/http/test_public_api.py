@@ -38,6 +38,7 @@ def test_public_api_is_pinned() -> None:
             "add_body_deadline_flags",
             "admitted",
             "body_chunks",
+            "decoded",
             "CONTROL_BODY_BYTES",
             "default_held_bytes",
             "held_bytes_budget",
