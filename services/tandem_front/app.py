@@ -82,7 +82,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        upstreams = Upstreams(settings, transport)
+        upstreams = Upstreams(settings, transport, metrics)
         watch = NodeWatch(upstreams, resolve)
         watching = None
         if watch.dynamic:
@@ -184,8 +184,13 @@ def create_app(
         return models_response(settings.names(), await openai(request).max_model_len())
 
     @app.get("/metrics")
-    async def metrics_route() -> Response:
-        return metrics_response(registry)
+    async def metrics_route(request: Request) -> Response:
+        ups = forwarder(request).upstreams
+        live = {n.url for n in (*ups.render, *ups.generate)}
+        # Series of nodes no longer in the fleet are left out (another worker's files too).
+        return metrics_response(
+            registry, lambda labels: labels.get("node", "") in live or "node" not in labels
+        )
 
     access = ControlAccess(settings.api_key, settings.admin_api_key, settings.enable_control_routes)
     admin_key = settings.upstream_admin_api_key
