@@ -24,7 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tandem_http import DRAINING_HEADER, error_body, request_id_of
-from tandem_wire import TandemHTTPError, WireFormat, error_types
+from tandem_wire import PayloadTooLarge, TandemHTTPError, WireFormat, error_types
 
 from .errors import FrontError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from .metrics import FrontMetrics
@@ -34,6 +34,7 @@ __all__ = [
     "DONE",
     "ClientGone",
     "Forwarder",
+    "HandedOver",
     "OnceStream",
     "Relay",
     "downstream_headers",
@@ -283,7 +284,7 @@ class Forwarder:
         method: str,
         path: str,
         headers: dict[str, str],
-        content: bytes | OnceStream | None,
+        content: bytes | OnceStream | HandedOver | None,
         params: str = "",
     ) -> tuple[Node, httpx.Response]:
         """The first node that took the request, with its answer (body not read yet; give it
@@ -354,10 +355,21 @@ class Forwarder:
             node.pending -= 1
         await response.aclose()
 
-    async def read(self, node: Node, response: httpx.Response) -> bytes:
-        """The whole answer (decoded from its content coding), given back however it ends."""
+    async def read(
+        self,
+        node: Node,
+        response: httpx.Response,
+        max_bytes: int | None = None,
+        charge: Callable[[int], None] | None = None,
+    ) -> bytes:
+        """The whole answer (decoded from its content coding), given back however it ends.
+        With ``max_bytes``, an answer past it is refused (413) as it arrives, never held;
+        ``charge`` (a request's ``Slot.take``) is told of its bytes before they are held:
+        its Content-Length first, then what arrives past that."""
         try:
-            return await response.aread()
+            if max_bytes is None and charge is None:
+                return await response.aread()
+            return await _read_capped(response, max_bytes, charge)
         except httpx.HTTPError as exc:
             raise self.failure(exc, node) from None
         finally:
@@ -396,6 +408,46 @@ class Forwarder:
             raise self.failure(exc, node) from None
         finally:
             await self.close(node, response)
+
+
+async def _read_capped(
+    response: httpx.Response, max_bytes: int | None, charge: Callable[[int], None] | None
+) -> bytes:
+    declared = response.headers.get("content-length", "")
+    charged = int(declared) if declared.isdigit() else 0
+    too_large = PayloadTooLarge(f"{response.request.url.path} answered more than {max_bytes} bytes")
+    if max_bytes is not None and charged > max_bytes:
+        raise too_large
+    if charge is not None and charged:
+        charge(charged)
+    parts, total = [], 0
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:
+            raise too_large
+        if charge is not None and total > charged:
+            charge(total - charged)
+            charged = total
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class HandedOver(httpx.AsyncByteStream):
+    """A request body held until ``drop``: sent again on a retry to another node, and let go
+    once a node has taken it (an answer that streams for minutes keeps its request object,
+    and would keep its body with it)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body: bytes | None = body
+        self.length = len(body)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.body is None:
+            raise RuntimeError("a dropped body was sent again")
+        yield self.body
+
+    def drop(self) -> None:
+        self.body = None
 
 
 async def _whole_events(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
