@@ -43,6 +43,7 @@ from .proxy import (
     Relay,
     merged,
     sse_with_error_tail,
+    tenant_header,
     with_upstream_headers,
 )
 from .settings import FrontSettings
@@ -202,6 +203,7 @@ class OpenAIService:
             "content-type": content_type,
             "accept": _MSGPACK,
             "x-request-id": request_id_of(request),
+            **tenant_header(request),
         }
 
     async def _read(self, node: Node, response: httpx.Response) -> bytes:

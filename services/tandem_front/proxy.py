@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tandem_http import DRAINING_HEADER, error_body, request_id_of
+from tandem_http import DRAINING_HEADER, TENANT_HEADER, error_body, principal_of, request_id_of
 from tandem_wire import PayloadTooLarge, TandemHTTPError, WireFormat, error_types
 
 from .errors import FrontError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -41,6 +41,7 @@ __all__ = [
     "error_event",
     "merged",
     "sse_with_error_tail",
+    "tenant_header",
     "unless_gone",
     "upstream_failure",
     "upstream_headers",
@@ -67,19 +68,29 @@ _HOP_BY_HOP = frozenset(
         "host",
     }
 )
-_NOT_UPSTREAM = _HOP_BY_HOP | {"authorization", "content-length"}
+_NOT_UPSTREAM = _HOP_BY_HOP | {"authorization", "content-length", TENANT_HEADER}
 _NOT_DOWNSTREAM = _HOP_BY_HOP | {"date", "server"}
 
 
 def upstream_headers(request: Request, content_length: int | None = None) -> dict[str, str]:
-    """The caller's end-to-end headers (the caller's key is not the upstream's: dropped)."""
+    """The caller's end-to-end headers (the caller's key is not the upstream's: dropped), and
+    who the caller is (``tenant_header``)."""
     headers = {k: v for k, v in request.headers.items() if k not in _NOT_UPSTREAM}
+    headers.update(tenant_header(request))
     declared = request.headers.get("content-length")
     if content_length is not None:
         headers["content-length"] = str(content_length)
     elif declared is not None:
         headers["content-length"] = declared
     return headers
+
+
+def tenant_header(request: Request) -> dict[str, str]:
+    """``TENANT_HEADER`` naming the door's caller (the digest of its key), for the nodes that
+    trust this door with it; none for a caller let in without a key (a caller's own is never
+    passed on)."""
+    principal = principal_of(request)
+    return {TENANT_HEADER: principal} if principal else {}
 
 
 def downstream_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:

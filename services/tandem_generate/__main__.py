@@ -28,6 +28,9 @@ from .settings import ENGINE_MM_PROCESSOR_CACHE_GB, ONEDNN_KERNEL_CACHE, Generat
 ENGINE_DIED_EXIT_CODE = os.EX_SOFTWARE
 """The process's exit status when it stopped because the vLLM engine died."""
 
+DOOR_KEY_ENV = "TANDEM_DOOR_API_KEY"
+"""Environment variable with the front doors' keys when no ``--door-api-key`` is given."""
+
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
     # vLLM's parser has no annotations.
@@ -58,6 +61,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "the state-changing control routes (/pause, /resume, /abort_requests, weight updates, "
         "/reset_prefix_cache; an inference key gets 403 admin_required); they also pass "
         f"wherever an inference key does; ${ADMIN_KEY_ENV} (comma-separated) sets the default",
+    )
+    ours.add_argument(
+        "--door-api-key",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="keys of front doors (each also an --api-key or --admin-api-key): their "
+        "x-tandem-tenant header names the caller whose items a request keeps, so tenants "
+        f"behind one door stay apart; ${DOOR_KEY_ENV} (comma-separated) sets the default",
     )
     ours.add_argument(
         "--enable-control-routes",
@@ -144,6 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         port=args.port,
         api_key=tuple(args.api_key) if args.api_key else os.environ.get("TANDEM_API_KEY"),
         admin_api_key=tuple(args.admin_api_key or keys_from_env(os.environ.get(ADMIN_KEY_ENV))),
+        door_api_key=tuple(args.door_api_key or keys_from_env(os.environ.get(DOOR_KEY_ENV))),
         enable_control_routes=args.enable_control_routes,
         weight_transfer_dir=args.weight_transfer_dir,
         # vLLM's own --log-level (engine args) sets ours too.

@@ -117,6 +117,7 @@ def create_app(
         settings.api_key,
         settings.admin_api_key,
         BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+        settings.door_api_key,
     )
 
     def service(request: Request) -> GenerateService:

@@ -42,6 +42,11 @@ class GenerateSettings:
     They also pass wherever an inference key does. Empty: no admin key (see
     ``enable_control_routes``); with admin keys only, inference routes stay open."""
 
+    door_api_key: str | tuple[str, ...] = ()
+    """Keys of front doors (each also an inference or admin key): a request with one of them
+    and ``x-tandem-tenant`` keeps its held items under that tenant (the door's caller), not
+    under the door's key, so callers behind one door cannot probe each other's items."""
+
     enable_control_routes: bool = False
     """With no ``admin_api_key``, serve the state-changing control routes to every caller the
     key check lets in (any inference key, or anyone when there is no key); off, they answer

@@ -3,6 +3,7 @@
 from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted, slot_of
 from .auth import (
     ADMIN_KEY_ENV,
+    TENANT_HEADER,
     ApiKeyMiddleware,
     ControlAccess,
     api_keys,
@@ -68,6 +69,7 @@ __all__ = [
     "MAX_BODY_HEADER",
     "MULTIPROC_ENV",
     "REQUEST_ID_HEADER",
+    "TENANT_HEADER",
     "AcceptEncodingMiddleware",
     "AdminRequired",
     "AdmissionGate",

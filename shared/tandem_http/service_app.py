@@ -24,9 +24,11 @@ def service_app(
     api_key: str | Sequence[str] | None,
     admin_key: str | Sequence[str] | None = None,
     body_deadline: BodyDeadline | None = None,
+    proxy_key: str | Sequence[str] | None = None,
 ) -> FastAPI:
     """An app with the API-key check (``/health`` open; ``admin_key``: the keys that may also
-    change engine state, see ``ControlAccess``), request ids, the error handlers and
+    change engine state, see ``ControlAccess``; ``proxy_key``: the keys of front doors, whose
+    ``TENANT_HEADER`` names their caller), request ids, the error handlers and
     ``Accept-Encoding: zstd`` on every answer (its routes read bodies with ``read_body``, which
     decodes them), and every request body on ``body_deadline`` (408 ``body_timeout`` past it).
     FastAPI's own schema route is off: its routes read raw wire bodies, so each service serves
@@ -42,7 +44,11 @@ def service_app(
 
     app = FastAPI(title=title, lifespan=serving, openapi_url=None)
     app.add_middleware(
-        ApiKeyMiddleware, api_key=api_key, admin_key=admin_key, open_paths=("/health",)
+        ApiKeyMiddleware,
+        api_key=api_key,
+        admin_key=admin_key,
+        open_paths=("/health",),
+        proxy_key=proxy_key,
     )
     app.add_middleware(RequestIdMiddleware)
     # Outside the key check and the routes alike: whoever reads a body reads it on time.

@@ -15,6 +15,7 @@ def test_public_api_is_pinned() -> None:
             "MAX_BODY_HEADER",
             "MULTIPROC_ENV",
             "REQUEST_ID_HEADER",
+            "TENANT_HEADER",
             "Drain",
             "DrainingConfig",
             "DrainingServer",
