@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 
 import httpx
@@ -24,7 +23,7 @@ from tandem_http import (
 )
 from tandem_wire import PayloadTooLarge, compress_zstd
 
-from ...support.asgi import AsgiCall
+from ...support.asgi import AsgiCall, BodyCall, until
 
 pytestmark = pytest.mark.anyio
 
@@ -141,64 +140,6 @@ async def test_a_failing_handler_frees_its_slot() -> None:
 
 
 # Admission by bytes: the bodies a process holds, counted before they are read.
-
-
-class BodyCall:
-    """One request driven by hand: its body is handed over in ``chunks`` as the app asks,
-    and the chunks the app asked for are counted (a refused body is never asked for)."""
-
-    def __init__(
-        self, app, path: str, chunks: list[bytes], *, declare: bool = True, hold: bool = False
-    ) -> None:
-        self.chunks = list(chunks)
-        self.asked = 0
-        self.gone = asyncio.Event()
-        self.messages: list[dict] = []
-        headers = [(b"content-type", b"application/json")]
-        if declare:
-            headers.append((b"content-length", str(sum(map(len, chunks))).encode()))
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": headers,
-            "client": ("127.0.0.1", 50000),
-            "server": ("app", 80),
-            "state": {},
-        }
-        self.task = asyncio.ensure_future(app(scope, self._receive, self._send))
-
-    async def _receive(self) -> dict:
-        if self.asked < len(self.chunks):
-            self.asked += 1
-            more = self.asked < len(self.chunks)
-            return {"type": "http.request", "body": self.chunks[self.asked - 1], "more_body": more}
-        await self.gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def _send(self, message: dict) -> None:
-        self.messages.append(message)
-
-    async def answer(self) -> tuple[int, dict[str, str], bytes]:
-        with contextlib.suppress(RuntimeError):  # Starlette re-raises after answering 500
-            await asyncio.wait_for(self.task, 30)
-        start = self.messages[0]
-        headers = {k.decode(): v.decode() for k, v in start["headers"]}
-        return start["status"], headers, b"".join(m.get("body", b"") for m in self.messages[1:])
-
-
-async def until(condition) -> None:
-    for _ in range(3000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never met")
 
 
 async def test_past_the_byte_budget_the_answer_is_429_before_any_of_the_body_is_read() -> None:

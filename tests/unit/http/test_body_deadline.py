@@ -20,6 +20,8 @@ from tandem_http import (
     read_body,
 )
 
+from ...support.asgi import BodyCall, until
+
 pytestmark = pytest.mark.anyio
 
 LIMIT = 4  # max_pending: the slow clients below take every slot
@@ -39,80 +41,11 @@ def deadline_app(deadline: BodyDeadline | None) -> tuple[FastAPI, AdmissionGate]
     return app, gate
 
 
-class SlowCall:
-    """One request whose body comes as the test says: ``chunks`` handed over one by one,
-    ``gap_s`` apart, then nothing more (the client stalls with its body unfinished unless the
-    last chunk ends it)."""
-
-    def __init__(
-        self,
-        app,
-        chunks: list[bytes],
-        *,
-        declared: int,
-        gap_s: float = 0.0,
-        ends: bool = False,
-        path: str = "/work",
-    ) -> None:
-        self.chunks = list(chunks)
-        self.gap_s = gap_s
-        self.ends = ends
-        self.asked = 0
-        self.messages: list[dict] = []
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(declared).encode()),
-            ],
-            "client": ("127.0.0.1", 50000),
-            "server": ("app", 80),
-            "state": {},
-        }
-        self.task = asyncio.ensure_future(app(scope, self._receive, self._send))
-
-    async def _receive(self) -> dict:
-        if self.asked < len(self.chunks):
-            if self.asked:
-                await asyncio.sleep(self.gap_s)
-            self.asked += 1
-            more = not self.ends or self.asked < len(self.chunks)
-            return {"type": "http.request", "body": self.chunks[self.asked - 1], "more_body": more}
-        await asyncio.Event().wait()  # a client that never sends the rest
-        raise AssertionError("unreachable")
-
-    async def _send(self, message: dict) -> None:
-        self.messages.append(message)
-
-    async def answer(self) -> tuple[int, dict[str, str], bytes]:
-        with contextlib.suppress(RuntimeError):
-            await asyncio.wait_for(self.task, 60)
-        start = self.messages[0]
-        headers = {k.decode(): v.decode() for k, v in start["headers"]}
-        return start["status"], headers, b"".join(m.get("body", b"") for m in self.messages[1:])
-
-
-async def until(condition) -> None:
-    for _ in range(3000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never met")
-
-
 async def test_stalled_bodies_holding_every_slot_are_let_go_and_a_normal_request_is_served():
     app, gate = deadline_app(BodyDeadline(timeout_s=0.3, min_rate=1 << 20))
-    stalled = [SlowCall(app, [b"{"], declared=4096) for _ in range(LIMIT)]
+    stalled = [BodyCall(app, "/work", [b"{"], declared=4096, ends=False) for _ in range(LIMIT)]
     await until(lambda: gate.current == LIMIT)
-    refused = SlowCall(app, [b"{}"], declared=2, ends=True)
+    refused = BodyCall(app, "/work", [b"{}"])
     assert (await refused.answer())[0] == 429  # every slot is held by a stalled body
     for call in stalled:
         status, headers, body = await call.answer()
@@ -120,14 +53,14 @@ async def test_stalled_bodies_holding_every_slot_are_let_go_and_a_normal_request
         assert b'"body_timeout"' in body
         assert headers["connection"] == "close"
     assert gate.current == 0 and gate.held == 0
-    normal = SlowCall(app, [b"{}"], declared=2, ends=True)
-    assert (await normal.answer())[:1] == (200,)
+    normal = BodyCall(app, "/work", [b"{}"])
+    assert (await normal.answer())[0] == 200
 
 
 async def test_a_body_that_trickles_below_the_minimum_rate_is_refused_though_it_never_pauses():
     # Pieces 20 ms apart (never a pause of the 0.2 s timeout), at 50 bytes/s against 1000.
     app, gate = deadline_app(BodyDeadline(timeout_s=0.2, min_rate=1000))
-    call = SlowCall(app, [b" "] * 1000, declared=1000, gap_s=0.02)
+    call = BodyCall(app, "/work", [b" "] * 1000, gap_s=0.02, ends=False)
     status, _, body = await call.answer()
     assert status == 408
     assert b'"body_timeout"' in body
@@ -146,7 +79,7 @@ async def test_a_body_at_the_rate_is_read_whole_and_the_wait_after_it_is_not_tim
         return JSONResponse({"length": len(body)})
 
     for path in ("/work", "/then-wait"):
-        call = SlowCall(app, [b"x" * 100] * 5, declared=500, gap_s=0.01, ends=True, path=path)
+        call = BodyCall(app, path, [b"x" * 100] * 5, gap_s=0.01)
         status, _, body = await call.answer()
         assert (status, body) == (200, b'{"length":500}')
     assert gate.current == 0
@@ -154,7 +87,7 @@ async def test_a_body_at_the_rate_is_read_whole_and_the_wait_after_it_is_not_tim
 
 async def test_without_a_deadline_a_stalled_body_is_waited_for():
     app, gate = deadline_app(None)
-    call = SlowCall(app, [b"{"], declared=4096)
+    call = BodyCall(app, "/work", [b"{"], declared=4096, ends=False)
     await until(lambda: gate.current == 1)
     await asyncio.sleep(0.3)
     assert not call.task.done()

@@ -9,7 +9,7 @@ from PIL import ImageFile
 from tandem_render.app import create_app
 from tandem_render.settings import RenderSettings
 
-from ...support.asgi import app_client
+from ...support.asgi import BodyCall, app_client
 from ...support.audio import audio_bytes, input_audio_part
 from ...support.images import chat_body, data_url, mp4_bytes, png_bytes
 
@@ -161,8 +161,6 @@ async def test_decoded_media_are_charged_to_the_process_budget_before_decoding(
 ):
     # Four 64x64 images: a few KB on the wire, 4 x 12 KiB decoded. Before, only their body
     # was charged: 64 such requests fetched and decoded at once whatever the budget said.
-    from ..http.test_body_deadline import SlowCall
-
     body = chat_body(qwen2_dir, images(4, first_seed=700))
     app = make_app(qwen2_renderer, qwen2_dir, max_held_bytes=4 * ONE_IMAGE - 1)
     async with app_client(app) as c:
@@ -171,7 +169,9 @@ async def test_decoded_media_are_charged_to_the_process_budget_before_decoding(
         assert decodes == []
     app = make_app(qwen2_renderer, qwen2_dir, max_held_bytes=8 * ONE_IMAGE)
     async with app_client(app) as c:
-        holder = SlowCall(app, [b"{"], declared=5 * ONE_IMAGE, path=CHAT)  # holds 5 images' worth
+        holder = BodyCall(
+            app, CHAT, [b"{"], declared=5 * ONE_IMAGE, ends=False
+        )  # holds 5 images' worth
         r = await c.post(CHAT, json=body)
         assert r.status_code == 429, r.text
         assert r.json()["error"]["details"]["wanted_bytes"] == 4 * ONE_IMAGE

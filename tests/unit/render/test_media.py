@@ -653,8 +653,9 @@ def _charged_load(url: str, client: httpx.AsyncClient, room: int) -> tuple[list[
     return charged, asyncio.run(go())
 
 
-def test_a_fetch_is_charged_its_content_length_before_any_of_it_is_read() -> None:
-    read: list[int] = []
+def _four_chunks(read: list[int], length: bool) -> httpx.AsyncClient:
+    """A media server answering 4 x 1000 bytes (``read``: one entry per chunk it was asked
+    for), with or without a Content-Length."""
 
     async def body():
         for _ in range(4):
@@ -662,30 +663,24 @@ def test_a_fetch_is_charged_its_content_length_before_any_of_it_is_read() -> Non
             yield b"x" * 1000
 
     def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-length": "4000"}, content=body())
+        headers = {"content-length": "4000"} if length else {}  # else chunked
+        return httpx.Response(200, headers=headers, content=body())
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
-    charged, got = _charged_load("http://10.0.0.7/a", client, room=10_000)
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+
+def test_a_fetch_is_charged_its_content_length_before_any_of_it_is_read() -> None:
+    read: list[int] = []
+    charged, got = _charged_load("http://10.0.0.7/a", _four_chunks(read, True), room=10_000)
     assert (charged, got) == ([4000], b"x" * 4000)
-    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     read.clear()
-    charged, got = _charged_load("http://10.0.0.7/a", client, room=3000)
+    charged, got = _charged_load("http://10.0.0.7/a", _four_chunks(read, True), room=3000)
     assert isinstance(got, _Refused) and charged == [] and read == []
 
 
 def test_a_fetch_without_a_length_is_charged_as_it_arrives_and_stopped_past_the_room() -> None:
     read: list[int] = []
-
-    async def body():
-        for _ in range(4):
-            read.append(1)
-            yield b"x" * 1000
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=body())  # chunked: no content-length
-
-    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
-    charged, got = _charged_load("http://10.0.0.7/a", client, room=2500)
+    charged, got = _charged_load("http://10.0.0.7/a", _four_chunks(read, False), room=2500)
     assert isinstance(got, _Refused) and sum(charged) <= 2500 and len(read) < 4
 
 
