@@ -123,7 +123,7 @@ class OpenAIService:
     # -- routes --------------------------------------------------------------------------
 
     async def chat(self, body: bytes, request: Request) -> Response:
-        doc = _json_object(body)
+        doc = _parsed(body, request)
         # Checked as vLLM's server checks a body before anything else (a 400 on bad types).
         plan = self.answers.plan(doc, chat=True)
         try:
@@ -141,7 +141,7 @@ class OpenAIService:
             return refused.response
 
     async def completions(self, body: bytes, request: Request) -> Response:
-        doc = _json_object(body)
+        doc = _parsed(body, request)
         plan = self.answers.plan(doc, chat=False)
         try:
             raw = await self._render("/v1/completions/render", body, request)
@@ -385,6 +385,15 @@ def _decoded(decode: Any, raw: bytes) -> Any:
         return decode(raw, WireFormat.MSGPACK)
     except (WireError, msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         raise UpstreamError("render answered an unreadable rendered request") from None
+
+
+def _parsed(body: bytes, request: Request) -> dict[str, Any]:
+    """The body's JSON object, charged to the request as much again as the body (its
+    strings, image data URLs above all, are copied out of it) before it is parsed."""
+    slot = slot_of(request)
+    if slot is not None:
+        slot.take(len(body))
+    return _json_object(body)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
