@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import psutil
 
 from tandem_client import AsyncTandemClient
@@ -259,7 +260,8 @@ class SlotWatch(httpx.AsyncBaseTransport):
             raise
         if response.status_code == 429:
             body = await response.aread()
-            self.overloads.append(Overload(time.monotonic(), request.url.path, _details(body)))
+            details = _details(body, response.headers.get("content-type", ""))
+            self.overloads.append(Overload(time.monotonic(), request.url.path, details))
             self._release(request)
             return httpx.Response(429, headers=response.headers, content=body, request=request)
         if not request.url.path.endswith(GENERATING_PATHS):
@@ -280,11 +282,13 @@ class SlotWatch(httpx.AsyncBaseTransport):
             self.finished_at.append(time.monotonic())
 
 
-def _details(body: bytes) -> dict[str, Any] | None:
-    """A 429's ``error.details`` (None when it has none, or is not an error body)."""
+def _details(body: bytes, content_type: str) -> dict[str, Any] | None:
+    """A 429's ``error.details``, JSON or msgpack (None when it has none, or is not an error
+    body)."""
     try:
-        details = json.loads(body)["error"]["details"]
-    except (ValueError, KeyError, TypeError):
+        doc = msgspec.msgpack.decode(body) if "msgpack" in content_type else json.loads(body)
+        details = doc["error"]["details"]
+    except (ValueError, KeyError, TypeError, msgspec.DecodeError):
         return None
     return details if isinstance(details, dict) else None
 
