@@ -47,8 +47,8 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         required=not env("TANDEM_GENERATE_URLS"),
         help="generate node base URLs, comma-separated; dns+http://NAME:PORT is every address "
         "NAME resolves to (a Kubernetes headless Service), looked up again every "
-        "--discovery-interval-s; a node found later gets no inference work until it reports "
-        "the fleet's weight version (default: $TANDEM_GENERATE_URLS)",
+        "--discovery-interval-s; a node gets no inference work unless it holds the fleet's "
+        "weights (default: $TANDEM_GENERATE_URLS)",
     )
     p.add_argument(
         "--discovery-interval-s",
@@ -192,10 +192,25 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
     p.add_argument(
         "--fence-poll-s",
         type=float,
-        help="seconds between asking every generate node its weight version; a node that does "
-        "not hold the fleet's version is fenced, gets no requests, until it does; while "
-        "nodes disagree they are asked again sooner (from 0.1 s, doubling up to this) "
+        help="seconds between asking every generate node what weights it holds; a node that "
+        "does not hold the fleet's weights is fenced, gets no requests, until it does; while "
+        "one is fenced they are asked again sooner (from 0.1 s, doubling up to this) "
         f"(default: {FrontSettings.fence_poll_s})",
+    )
+    p.add_argument(
+        "--node-timeout-s",
+        type=float,
+        help="a generate node unreachable for longer leaves the fleet: the others' weights "
+        "decide, updates go on without it, and it is fenced when it comes back unless it "
+        f"holds the fleet's weights (default: {FrontSettings.node_timeout_s})",
+    )
+    p.add_argument(
+        "--control-timeout-s",
+        type=float,
+        help="longest wait for a node's answer to a control call that loads nothing (version "
+        "polls, start, abort, pause, resume); /update_weights, /finish_weight_update and "
+        "/init_weight_transfer_engine wait --read-timeout-s "
+        f"(default: {FrontSettings.control_timeout_s})",
     )
     args = vars(p.parse_args(argv))
     args["served_model_name"] = tuple(args["served_model_name"] or ())

@@ -38,7 +38,7 @@ from tandem_wire import body_coding, format_of_content_type
 from tandem_wire.control import CONTROL_ROUTES, ControlRoute
 
 from .affinity import generate_route
-from .control import fan_out
+from .control import relay
 from .discovery import NodeWatch
 from .errors import UpstreamError, UpstreamUnavailable
 from .metrics import FrontMetrics
@@ -209,9 +209,7 @@ def create_app(
             if route.changes_state and admin_key:
                 # Only admins get here: the nodes are told so with the door's admin key.
                 headers["authorization"] = f"Bearer {admin_key}"
-            status, answer = await fan_out(
-                ups, route, request.url.query, headers, body, ups.generate
-            )
+            status, answer = await relay(ups, route, request.url.query, headers, body)
             return JSONResponse(answer, status_code=status)
 
         return handler

@@ -23,6 +23,7 @@ from tandem_client.routing import affinity_key
 from tandem_http import BadRequest, request_id_of, slot_of
 from tandem_wire import (
     SYSTEM_FINGERPRINT_HEADER,
+    WEIGHT_VERSIONS_HEADER,
     WIRE_TRANSFORMS_HEADER,
     GenerateRequest,
     GenerateResponse,
@@ -88,8 +89,9 @@ class Plan(Protocol):
 class Answers(Protocol):
     """The tokenizer side (``vllm_answers.VllmAnswers``)."""
 
-    def plan(self, body: dict[str, Any], chat: bool) -> Plan:
-        """Raises BadRequest for a body vLLM's server refuses."""
+    def plan(self, body: dict[str, Any], chat: bool, *, weight_versions: bool = False) -> Plan:
+        """Raises BadRequest for a body vLLM's server refuses; ``weight_versions``: the caller
+        asked for each choice's spans (``WEIGHT_VERSIONS_HEADER``)."""
         ...
 
     def saw_fingerprint(self, fingerprint: str) -> None:
@@ -125,7 +127,7 @@ class OpenAIService:
     async def chat(self, body: bytes, request: Request) -> Response:
         doc = _parsed(body, request)
         # Checked as vLLM's server checks a body before anything else (a 400 on bad types).
-        plan = self.answers.plan(doc, chat=True)
+        plan = self.answers.plan(doc, chat=True, weight_versions=_asks_versions(request))
         try:
             raw = await self._render("/v1/chat/completions/render", body, request)
             # No name keeps the answer's bytes: its items are views into them, dropped with
@@ -142,7 +144,7 @@ class OpenAIService:
 
     async def completions(self, body: bytes, request: Request) -> Response:
         doc = _parsed(body, request)
-        plan = self.answers.plan(doc, chat=False)
+        plan = self.answers.plan(doc, chat=False, weight_versions=_asks_versions(request))
         try:
             raw = await self._render("/v1/completions/render", body, request)
             rid = f"cmpl-{new_request_id()}"
@@ -406,6 +408,10 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise BadRequest("the body must be a JSON object")
     return parsed
+
+
+def _asks_versions(request: Request) -> bool:
+    return request.headers.get(WEIGHT_VERSIONS_HEADER, "").strip().lower() == "true"
 
 
 def _passed(response: httpx.Response, raw: bytes) -> Response:

@@ -160,11 +160,21 @@ class FrontSettings:
 
     fence_poll_s: float = 2.0
     """Seconds between asking every generate node its ``/weight_info``: a node that does not
-    hold the fleet's weight version is fenced (gets no requests) until it does (see
+    hold the fleet's weights is fenced (gets no requests) until it does (see
     ``tandem_client.fleet``). Each worker process asks on its own; the worker that ran an
-    update's finish asks at once, and a worker that saw the nodes on two versions asks again
-    from 0.1 s on, doubling up to this period, so that a read made mid-update fences the
-    slower node only until the update reaches it."""
+    update's finish asks at once, and a worker that saw a node fenced asks again from 0.1 s
+    on, doubling up to this period, so that a read made mid-update fences the slower node
+    only until the update reaches it."""
+
+    node_timeout_s: float = 10.0
+    """A generate node unreachable for longer leaves the fleet: the others' weights decide
+    which are the fleet's, updates go on without it, and it is fenced when it comes back
+    unless it holds the fleet's weights."""
+
+    control_timeout_s: float = 10.0
+    """Longest wait for a node's answer to a control call that loads nothing (version polls,
+    start, abort, pause, resume...); the loading ones (``/update_weights``,
+    ``/finish_weight_update``, ``/init_weight_transfer_engine``) wait ``read_timeout_s``."""
 
     discovery_interval_s: float = 10.0
     """Seconds between lookups of the ``dns+http://`` names of ``render_urls`` and
@@ -181,8 +191,9 @@ class FrontSettings:
             raise ValueError(
                 f"discovery_interval_s must be above 0, not {self.discovery_interval_s}"
             )
-        if self.fence_poll_s <= 0:
-            raise ValueError(f"fence_poll_s must be above 0, not {self.fence_poll_s}")
+        for name in ("fence_poll_s", "node_timeout_s", "control_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be above 0, not {getattr(self, name)}")
         if not 0 < self.upstream_keepalive_s < KEEP_ALIVE_S:
             raise ValueError(
                 f"upstream_keepalive_s must be above 0 and below the nodes' {KEEP_ALIVE_S} s "

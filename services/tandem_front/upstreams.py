@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +24,11 @@ from .settings import FrontSettings
 
 __all__ = ["Node", "Upstreams"]
 
+log = logging.getLogger("tandem.front.upstreams")
+
 RECHECK_FIRST_S = 0.1
-"""How soon a worker asks the nodes again after it saw them on two versions; the wait doubles
-while they still disagree, up to ``fence_poll_s``."""
+"""How soon a worker asks the nodes again after it saw one fenced; the wait doubles while one
+still is, up to ``fence_poll_s``."""
 
 
 @dataclass
@@ -38,9 +41,6 @@ class Node(fleet.Node):
     checked_at: float = -1e9
     max_body_bytes: int | None = None
     """The largest body the node last said it takes (``x-tandem-max-body-bytes``)."""
-    admitted: bool = True
-    """Whether it may get inference work: a generate node found by discovery after the first
-    is not until it reports the fleet's weight version (see ``tandem_client.discovery``)."""
 
 
 class Upstreams:
@@ -117,45 +117,71 @@ class Upstreams:
 
     async def _watch_versions(self) -> None:
         # A read that falls inside a fleet update (one node finished, the other not yet) fences
-        # the slower node; asking again soon, and less often while they still disagree, lets
+        # the slower node; asking again soon, and less often while one is still fenced, lets
         # it back in once the update has reached it instead of a whole period later. A node
         # that stays behind (restarted, failed its update) is asked every period as before.
         poll = self.settings.fence_poll_s
         backoff: float | None = None
         while True:
             self._disagreed.clear()
-            await self.refresh_versions()  # sets _disagreed when it fences a node
+            try:
+                await self.refresh_versions()  # sets _disagreed when it fences a node
+            except Exception:  # fencing must outlive one bad round
+                log.exception("asking the generate nodes their weights failed; asking again")
             if self._disagreed.is_set():
                 backoff = RECHECK_FIRST_S if backoff is None else 2 * backoff
                 await asyncio.sleep(min(backoff, poll))
                 continue
             backoff = None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._disagreed.wait(), poll)
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands as the event
+            # is set (a request that fenced a node just before shutdown), and the door hangs.
+            woken = asyncio.ensure_future(self._disagreed.wait())
+            try:
+                await asyncio.wait({woken}, timeout=poll)
+            finally:
+                woken.cancel()
+
+    def node_clock(self) -> tuple[float, float]:
+        """(now, node timeout): what ``tandem_client.fleet`` judges reachability by."""
+        return time.monotonic(), self.settings.node_timeout_s
+
+    def view(self) -> fleet.FleetView:
+        """The generate fleet as judged now (``tandem_client.fleet.judge``)."""
+        return fleet.judge(self.generate, time.monotonic(), self.settings.node_timeout_s)
 
     def render_order(self) -> list[Node]:
         """Render nodes, least pending first (ties broken at random), unreachable ones last."""
         return fleet.least_pending(self.render, time.monotonic())
 
     def generate_order(self, key: str) -> list[Node]:
-        """Admitted, unfenced generate nodes in ``key``'s rendezvous order (as tandem_client's),
-        those that refused a connection recently last (a node holding the fleet's version is
-        never fenced). A node joining or going away moves only its keys."""
-        admitted = [n for n in self.generate if n.admitted]
-        return fleet.rendezvous_nodes(key, admitted, time.monotonic())
+        """The generate nodes that may serve (``tandem_client.fleet.judge``) in ``key``'s
+        rendezvous order (as tandem_client's), those that refused a connection recently last.
+        A node joining or going away moves only its keys."""
+        return fleet.rendezvous_nodes(key, self.generate, self.view(), time.monotonic())
 
     async def ask(
-        self, node: fleet.Node, method: str, path: str, body: bytes, headers: dict[str, str]
+        self,
+        node: fleet.Node,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
     ) -> NodeAnswer:
-        """One control call to one node (``path`` with its query); status 0: unreachable."""
+        """One control call to one node (``path`` with its query); status 0: unreachable.
+        Only the calls that load weights may take the long read timeout."""
+        s = self.settings
+        wait = (
+            s.read_timeout_s if path.split("?")[0] in fleet.LOADING_PATHS else s.control_timeout_s
+        )
+        timeout = httpx.Timeout(wait, connect=s.connect_timeout_s)
         try:
             r = await self.http.request(
-                method, f"{node.url}{path}", headers=headers, content=body or None
+                method, f"{node.url}{path}", headers=headers, content=body or None, timeout=timeout
             )
         except httpx.HTTPError as exc:
-            if isinstance(node, Node):
-                self.failed(node)
+            node.cool_down(time.monotonic(), s.node_cooldown_s)
             return NodeAnswer(node.url, 0, f"{type(exc).__name__}: {exc}")
+        node.reached()
         try:
             parsed: Any = r.json()
         except (ValueError, json.JSONDecodeError):
@@ -164,23 +190,20 @@ class Upstreams:
 
     async def refresh_versions(self) -> list[NodeAnswer]:
         """Every generate node's /weight_info, learnt (a node that does not answer keeps what
-        it last told)."""
-
-        async def ask(node: fleet.Node, method: str, path: str, body: bytes) -> NodeAnswer:
-            return await self.ask(node, method, path, body, {})
-
+        it last told, and leaves the fleet once unreachable past ``node_timeout_s``)."""
         nodes = self.generate
-        answers = await fleet.fan_out(ask, nodes, "GET", fleet.WEIGHT_INFO_PATH, [b""] * len(nodes))
+        answers = await fleet.ask_each(self.ask, nodes, "GET", fleet.WEIGHT_INFO_PATH)
         self.learn_versions(nodes, answers)
         return answers
 
     def learn_versions(self, nodes: Sequence[Node], answers: Sequence[NodeAnswer]) -> None:
-        """The nodes' ``/weight_info`` answers, learnt; seen on two versions, the watch asks
-        again soon (see ``_watch_versions``)."""
+        """The nodes' ``/weight_info`` answers, learnt; a node seen fenced (not merely
+        unreachable) has the watch ask again soon (see ``_watch_versions``)."""
         for node, answer in zip(nodes, answers, strict=True):
             if answer.ok:
                 node.learn(answer.body)
-        if fleet.fenced(nodes):
+        reasons = self.view().reasons
+        if any(reasons.get(n.url) not in (None, fleet.UNREACHABLE) for n in nodes):
             self._disagreed.set()
 
     async def _learn(self, response: httpx.Response) -> None:
@@ -220,6 +243,7 @@ class Upstreams:
             if ok:
                 node.healthy_at = node.checked_at
                 node.down_until = 0.0
+                node.reached()
 
         await asyncio.gather(*(check(n) for n in nodes))
         return [n for n in nodes if n.healthy_at == n.checked_at]

@@ -5,7 +5,9 @@ vLLM does with them in ``vllm serve``: the output processor's detokenization (st
 stop tokens, the streamed hold-back) and logprob token texts, then the answer itself through
 ``vllm serve``'s ``OpenAIServingChat`` / ``OpenAIServingCompletion`` (tool calls, reasoning,
 echo, logprobs, usage, which chunks are sent and when). Their tool and reasoning parser
-options come from the builder render's derender uses (``tandem_vllm.derender``).
+options come from the builder render's derender uses (``tandem_vllm.derender``). A caller
+that asks (``WEIGHT_VERSIONS_HEADER``) also gets generate's ``weight_versions`` on each choice,
+which vLLM 0.32's answers do not carry.
 
 The only module of tandem_front that imports vLLM (a CPU import: tokenizer files only).
 """
@@ -39,7 +41,7 @@ from vllm.v1.engine.logprobs import LogprobsProcessor
 from tandem_http import BadRequest
 from tandem_vllm.derender import model_registry, online_options
 from tandem_vllm.upstream_names import check_upstream_names
-from tandem_wire import ChoiceLogprobs, GenerateRequest, GenerateResponse
+from tandem_wire import ChoiceLogprobs, GenerateRequest, GenerateResponse, WeightVersionSpan
 
 from .errors import UpstreamError
 from .settings import FrontSettings
@@ -146,12 +148,16 @@ class VllmAnswers:
         self.chat_serving.system_fingerprint = fingerprint
         self.completion_serving.system_fingerprint = fingerprint
 
-    def plan(self, body: dict[str, Any], chat: bool) -> _ChatPlan | _CompletionPlan:
-        """One request's answer side; the body as vLLM's server validates it (400 if not)."""
+    def plan(
+        self, body: dict[str, Any], chat: bool, *, weight_versions: bool = False
+    ) -> _ChatPlan | _CompletionPlan:
+        """One request's answer side; the body as vLLM's server validates it (400 if not);
+        ``weight_versions``: each choice carries generate's spans."""
         try:
             if chat:
-                return _ChatPlan(self, ChatCompletionRequest.model_validate(body))
-            return _CompletionPlan(self, CompletionRequest.model_validate(body))
+                request = ChatCompletionRequest.model_validate(body)
+                return _ChatPlan(self, request, weight_versions)
+            return _CompletionPlan(self, CompletionRequest.model_validate(body), weight_versions)
         except ValidationError as exc:
             raise BadRequest(_first_error(exc)) from None
         except VLLMValidationError as exc:
@@ -295,9 +301,43 @@ class _Plan:
 
     request: Any
 
-    def __init__(self, side: VllmAnswers) -> None:
+    def __init__(self, side: VllmAnswers, weight_versions: bool) -> None:
         self.side = side
         self.failure: BaseException | None = None
+        # Generate's spans of each finished choice, by the answer's choice index; None: not
+        # asked for (the answer is vllm serve's, field for field).
+        self.spans: dict[int, list[WeightVersionSpan] | None] | None = (
+            {} if weight_versions else None
+        )
+
+    def _saw(self, index: int, choice: Any) -> None:
+        """Generate's choice, which is the answer's choice ``index``."""
+        if self.spans is not None and choice.finish_reason is not None:
+            self.spans[index] = choice.weight_versions
+
+    def _document(self, answer: Any) -> bytes:
+        """A whole answer serialized as ``vllm serve`` does (each choice with its spans when
+        asked); vLLM's error on our own generate's output is the upstream's fault (502)."""
+        if isinstance(answer, ErrorResponse):
+            raise UpstreamError(
+                f"generate's answer could not be written up: {answer.error.message}"[:300]
+            )
+        document = answer.model_dump()
+        if self.spans is not None:
+            _stamp(document["choices"], self.spans)
+        return _json(document)
+
+    def _stamped(self, piece: str) -> str:
+        """A chunk of vLLM's stream, with generate's spans on each choice it finishes when
+        asked (any other chunk unchanged, byte for byte)."""
+        if self.spans is None:
+            return piece
+        chunk = json.loads(piece.removeprefix("data: "))
+        ending = [c for c in chunk.get("choices") or () if c.get("finish_reason") is not None]
+        if not ending:
+            return piece
+        _stamp(ending, self.spans)
+        return f"data: {_json(chunk).decode()}\n\n"
 
     def sampling(self, rendered: dict[str, Any]) -> dict[str, Any]:
         """The generate request's sampling: render's, as rendered."""
@@ -315,7 +355,7 @@ class _Plan:
                 if self.failure is not None:
                     raise self.failure
                 if piece != _DONE:
-                    yield piece.encode()
+                    yield self._stamped(piece).encode()
             if self.failure is not None:
                 raise self.failure
         finally:
@@ -331,8 +371,10 @@ class _Plan:
 
 
 class _ChatPlan(_Plan):
-    def __init__(self, side: VllmAnswers, request: ChatCompletionRequest) -> None:
-        super().__init__(side)
+    def __init__(
+        self, side: VllmAnswers, request: ChatCompletionRequest, weight_versions: bool
+    ) -> None:
+        super().__init__(side, weight_versions)
         self.request = request
         self.serving = side.chat_serving
         self.stream = bool(request.stream)
@@ -354,6 +396,8 @@ class _ChatPlan(_Plan):
     ) -> bytes:
         (gen,), (result,) = gens, results
         res = _Outputs(self.side, gen, None).request_output(result.choices, None, whole=result)
+        for choice in result.choices:
+            self._saw(choice.index, choice)
 
         async def once() -> AsyncIterator[RequestOutput]:
             yield res
@@ -373,7 +417,7 @@ class _ChatPlan(_Plan):
             RequestResponseMetadata(request_id=rid),
             parser=parser,
         )
-        return _document(answer)
+        return self._document(answer)
 
     def chunks(
         self,
@@ -387,7 +431,10 @@ class _ChatPlan(_Plan):
 
         async def results() -> AsyncIterator[RequestOutput]:
             async for _, event in events:
-                yield outputs.request_output(_choices(event), None)
+                choices = _choices(event)
+                for choice in choices:
+                    self._saw(choice.index, choice)
+                yield outputs.request_output(choices, None)
 
         kwargs = self.serving._effective_chat_template_kwargs(self.request)
         pieces = self.serving.chat_completion_stream_generator(
@@ -404,8 +451,10 @@ class _ChatPlan(_Plan):
 
 
 class _CompletionPlan(_Plan):
-    def __init__(self, side: VllmAnswers, request: CompletionRequest) -> None:
-        super().__init__(side)
+    def __init__(
+        self, side: VllmAnswers, request: CompletionRequest, weight_versions: bool
+    ) -> None:
+        super().__init__(side, weight_versions)
         self.request = request
         self.serving = side.completion_serving
         self.stream = bool(request.stream)
@@ -451,6 +500,9 @@ class _CompletionPlan(_Plan):
             _Outputs(self.side, gen, self.keep_rank).request_output(r.choices, text, whole=r)
             for gen, r, text in zip(gens, results, self._prompts(gens), strict=True)
         ]
+        # vLLM numbers a whole answer's choices in turn, prompt after prompt.
+        for index, choice in enumerate(c for r in results for c in r.choices):
+            self._saw(index, choice)
         try:
             answer = self.serving.request_output_to_completion_response(
                 batch,
@@ -465,7 +517,7 @@ class _CompletionPlan(_Plan):
             raise UpstreamError(
                 f"generate's answer could not be written up: {exc!r}"[:300]
             ) from None
-        return _document(answer)
+        return self._document(answer)
 
     def chunks(
         self,
@@ -476,10 +528,14 @@ class _CompletionPlan(_Plan):
     ) -> AsyncIterator[bytes]:
         outputs = [_Outputs(self.side, g, self.keep_rank) for g in gens]
         texts = self._prompts(gens)
+        n = self.request.n or 1
 
         async def results() -> AsyncIterator[tuple[int, RequestOutput]]:
             async for p, event in events:
-                yield p, outputs[p].request_output(_choices(event), texts[p])
+                choices = _choices(event)
+                for choice in choices:  # vLLM's streamed index: prompt p's n choices from p * n
+                    self._saw(p * n + choice.index, choice)
+                yield p, outputs[p].request_output(choices, texts[p])
 
         pieces = self.serving.completion_stream_generator(
             self.request,
@@ -504,7 +560,14 @@ def _choices(event: dict[str, Any]) -> list[Any]:
 
 
 class _StreamChoice:
-    __slots__ = ("index", "token_ids", "logprobs", "finish_reason", "stop_reason")
+    __slots__ = (
+        "index",
+        "token_ids",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "weight_versions",
+    )
 
     def __init__(self, c: dict[str, Any]) -> None:
         self.index = int(c["index"])
@@ -513,20 +576,27 @@ class _StreamChoice:
         self.logprobs = None if lp is None else msgspec.convert(lp, ChoiceLogprobs)
         self.finish_reason = c.get("finish_reason")
         self.stop_reason = c.get("stop_reason")
+        spans = c.get("weight_versions")
+        self.weight_versions = (
+            None if spans is None else msgspec.convert(spans, list[WeightVersionSpan])
+        )
 
 
 def _created() -> int:
     return int(time.time())
 
 
-def _document(answer: Any) -> bytes:
-    """A whole answer serialized as ``vllm serve`` does; vLLM's error on our own generate's
-    output is the upstream's fault (502)."""
-    if isinstance(answer, ErrorResponse):
-        raise UpstreamError(
-            f"generate's answer could not be written up: {answer.error.message}"[:300]
-        )
-    return json.dumps(answer.model_dump(), ensure_ascii=False, separators=(",", ":")).encode()
+def _stamp(choices: Any, spans: dict[int, list[WeightVersionSpan] | None]) -> None:
+    """Answer choices (JSON objects) given generate's spans of each, as ``weight_versions``
+    (null when generate gave none)."""
+    for choice in choices:
+        got = spans.get(choice["index"])
+        choice["weight_versions"] = None if got is None else msgspec.to_builtins(got)
+
+
+def _json(document: Any) -> bytes:
+    """JSON as ``vllm serve`` writes it (UTF-8, compact)."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
@@ -16,6 +17,7 @@ from tandem_http import (
     CONTROL_BODY_BYTES,
     MAX_BODY_HEADER,
     AdmissionGate,
+    BadRequest,
     BodyDeadline,
     ControlAccess,
     HeldStreamingResponse,
@@ -40,9 +42,11 @@ from tandem_wire import (
     decode_generate_request,
 )
 from tandem_wire.control import (
+    UPDATE_ID_HEADER,
     AbortRequestsRequest,
     FinishWeightUpdateRequest,
     InitWeightTransferRequest,
+    UpdateId,
     UpdateWeightsRequest,
     UpdateWeightVersionRequest,
 )
@@ -175,9 +179,8 @@ def create_app(
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request) -> Response:
-        control(request)
         # Upstream's answer (vLLM >= 0.26): false while requests are running.
-        return JSONResponse({"success": await service(request).engine.reset_prefix_cache()})
+        return JSONResponse({"success": await control(request).reset_prefix_cache()})
 
     # vLLM 0.32's RL routes (vllm/entrypoints/rl/online/api_router.py), same shapes.
     @app.post("/pause")
@@ -210,8 +213,9 @@ def create_app(
 
     @app.post("/start_weight_update")
     async def start_weight_update(request: Request) -> Response:
-        await control(request).start_update()
-        return JSONResponse({"message": "Weight update started"})
+        ctl = control(request)
+        update_id = await ctl.start_update(update_id_of(request))
+        return JSONResponse({"message": "Weight update started", "update_id": str(update_id)})
 
     @app.post("/update_weights")
     async def update_weights(request: Request) -> Response:
@@ -242,7 +246,8 @@ def create_app(
 
     @app.get("/weight_info")
     async def weight_info(request: Request) -> Response:
-        return JSONResponse(await observe(request).weight_info())
+        info = await observe(request).weight_info()
+        return Response(msgspec.json.encode(info), media_type="application/json")
 
     @app.get("/get_world_size")
     async def get_world_size(request: Request, include_dp: bool = True) -> Response:
@@ -262,6 +267,17 @@ def create_app(
 
     install_openapi(app, schemas)
     return app
+
+
+def update_id_of(request: Request) -> UpdateId | None:
+    """The update id a fleet router sent with ``/start_weight_update`` (None: none sent)."""
+    told = request.headers.get(UPDATE_ID_HEADER)
+    if told is None:
+        return None
+    try:
+        return UpdateId.parse(told)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param=UPDATE_ID_HEADER) from None
 
 
 async def _report_death(engine: Engine) -> None:

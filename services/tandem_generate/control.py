@@ -10,9 +10,10 @@ file whose tensors the model does not take.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
-import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from tandem_http import BadRequest
+from tandem_wire.control import UpdateId, WeightInfo, WeightTransferState
 
 from .engine import Engine
 from .errors import (
@@ -45,6 +47,7 @@ from .weight_files import (
     model_folder,
     read_header,
 )
+from .weight_ledger import FINISH_FAILED, PREFIX_CACHE_NOT_RESET, WeightLedger
 
 __all__ = ["EngineControl", "PAUSE_MODES"]
 
@@ -96,11 +99,17 @@ class EngineControl:
         self.weight_dir = weight_dir
         wt = engine.vllm_config.weight_transfer_config
         self.backend: str | None = None if wt is None else str(wt.backend)
-        self._updating = False
-        self._updated_at: float | None = None
-        """Wall clock of the last finished update or relabel (None: none since start-up)."""
         self._lock = asyncio.Lock()  # one weight call at a time: they change shared state
         self._spec: dict[str, TensorSpec] | None = None
+        self._transfer_ready = False
+        """A collective backend joined the trainer's group (``/init_weight_transfer_engine``)."""
+        self._caller_paused = False
+        """A caller paused the engine (``/pause``): a finish leaves it paused."""
+        mc = engine.model_config
+        # Nodes of one fleet serve one checkpoint under one name (their weights start equal).
+        served = mc.served_model_name
+        name = served[0] if isinstance(served, list) else served or mc.model
+        self.ledger = WeightLedger(f"{name}@{mc.revision or ''}", self._names)
 
     # -- pause -------------------------------------------------------------------------------
 
@@ -108,8 +117,10 @@ class EngineControl:
         if mode not in PAUSE_MODES:
             raise BadRequest(f"mode must be one of {', '.join(PAUSE_MODES)}", param="mode")
         await self.llm.pause_generation(mode=mode, clear_cache=clear_cache)  # type: ignore[arg-type]
+        self._caller_paused = True
 
     async def resume(self) -> None:
+        self._caller_paused = False
         await self.llm.resume_generation()
 
     async def is_paused(self) -> bool:
@@ -146,57 +157,114 @@ class EngineControl:
             await self.llm.init_weight_transfer_engine(
                 WeightTransferInitRequest(init_info=init_info)
             )
+            self._transfer_ready = True
 
-    async def start_update(self) -> None:
+    async def start_update(self, update_id: UpdateId | None = None) -> UpdateId:
+        """Start an update (``update_id``: the fleet's id for it, or None to mint one here)."""
         self._require_backend()
         async with self._lock:
-            if self._updating:
+            if self.ledger.current is not None:
                 raise WeightUpdateConflict("a weight update is already under way; finish it first")
             await self.llm.start_weight_update()
-            self._updating = True
+            return self.ledger.start(update_id)
 
     async def update(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         self._require_backend()
         async with self._lock:
-            if not self._updating:
+            if self.ledger.current is None:
                 raise WeightUpdateConflict("start_weight_update must come before update_weights")
+            names: set[str] | None
             if self.backend == BACKEND:
-                update_info = await asyncio.to_thread(self._checked_files, update_info)
+                update_info, names = await asyncio.to_thread(self._checked_files, update_info)
+            else:
+                names = _named_tensors(update_info)
             try:
                 await self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
             except Exception:
-                # vLLM's worker ends the update when a chunk fails; so do we.
-                self._updating = False
+                # vLLM's worker ends the update when a chunk fails; so do we. What a backend
+                # applies in place (NCCL, IPC) may be partly in the model now.
+                self.ledger.chunk(names)
+                self.ledger.ended(loaded_in_place=self.backend != BACKEND)
                 raise
+            self.ledger.chunk(names)
 
     async def finish_update(self, weight_version: str | None) -> None:
+        """Load the update, reset the caches and relabel, with the engine frozen throughout
+        (vLLM's ``keep`` pause): no request sees new weights with old KV or encoder cache, or
+        the old label on new weights. A reset that does not hold leaves the node unclean."""
         self._require_backend()
         async with self._lock:
-            if not self._updating:
+            if self.ledger.current is None:
                 raise WeightUpdateConflict(
                     "finish_weight_update called without a matching start_weight_update"
                 )
-            self._updating = False
-            await self.llm.finish_weight_update(weight_version)
-            self._updated_at = time.time()
-        # KV blocks and vision embeddings computed by the old weights must not be reused.
-        await self._reset_prefix_cache()
-        await self.llm.reset_encoder_cache()
+            async with self._frozen():
+                try:
+                    await self.llm.finish_weight_update(weight_version)
+                except Exception:
+                    self.ledger.current = None
+                    self.ledger.mark_unclean(FINISH_FAILED)
+                    raise
+                self.ledger.finished()
+                try:
+                    await self._reset_caches()
+                except PrefixCacheNotReset:
+                    self.ledger.mark_unclean(PREFIX_CACHE_NOT_RESET)
+                    raise
 
     async def abort_update(self) -> bool:
         """End the update under way without loading what it received (False: none was under
-        way). What a backend applies in place as it arrives (NCCL, IPC) stays applied: an
-        abort undoes a start, and with ``tandem_file`` any chunks too (they are only staged)."""
+        way). ``tandem_file`` drops what it staged; on the backends that load in place (NCCL,
+        IPC) the update is finished with what arrived, since vLLM's finalize is what puts the
+        model's kernel tensors back after a start: with no chunk that is the old weights, with
+        chunks it is partly new, and the node is unclean until every tensor is written again."""
         self._require_backend()
         async with self._lock:
-            if not self._updating:
+            if self.ledger.current is None:
                 return False
-            self._updating = False
+            if self.backend == BACKEND:
+                try:
+                    await self.llm.update_weights(
+                        WeightTransferUpdateRequest(update_info=ABORT_UPDATE)
+                    )
+                except Exception:  # the refused chunk is how the worker's update ends
+                    pass
+                self.ledger.ended(loaded_in_place=False)
+                return True
             try:
-                await self.llm.update_weights(WeightTransferUpdateRequest(update_info=ABORT_UPDATE))
-            except Exception:  # the refused chunk is how the worker's update ends
-                pass
+                async with self._frozen():
+                    await self.llm.finish_weight_update(None)
+                    if self.ledger.chunks:
+                        await self._reset_caches()
+            finally:
+                self.ledger.ended(loaded_in_place=True)
             return True
+
+    @contextlib.asynccontextmanager
+    async def _frozen(self) -> AsyncIterator[None]:
+        """The engine paused in vLLM's ``keep`` mode (requests in flight wait, new ones
+        queue), resumed after, unless a caller had paused it: then it stays paused."""
+        paused_before = await self.llm.is_paused()
+        if not paused_before:
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            yield
+        finally:
+            if not paused_before and not self._caller_paused:
+                await self.llm.resume_generation()
+
+    async def _reset_caches(self) -> None:
+        """KV blocks and vision embeddings computed by the old weights must not be reused."""
+        await self._reset_prefix_cache()
+        await self.llm.reset_encoder_cache()
+
+    async def reset_prefix_cache(self) -> bool:
+        """``/reset_prefix_cache`` as upstream answers it (false while requests hold blocks);
+        one that succeeds makes a node whose finish could not reset it whole again."""
+        done = bool(await self.llm.reset_prefix_cache())
+        if done:
+            self.ledger.cache_reset()
+        return done
 
     async def _reset_prefix_cache(self) -> None:
         """Reset the prefix cache until it holds. A plain reset refuses (False) while requests
@@ -213,22 +281,19 @@ class EngineControl:
             await asyncio.sleep(RESET_BACKOFF_S * (attempt + 1))
         raise PrefixCacheNotReset(
             "the new weights are loaded and labelled, but the engine did not reset its prefix "
-            "cache: KV computed with the old weights may be reused; retry /reset_prefix_cache"
+            "cache: KV computed with the old weights may be reused, so this node serves nothing "
+            "behind a router until a /reset_prefix_cache succeeds"
         )
 
     async def set_version(self, version: str) -> None:
         await self.llm.update_weight_version(version)
-        self._updated_at = time.time()
 
-    async def weight_info(self) -> dict[str, Any]:
-        """``/weight_info``: vLLM's ``weight_version``, and Tandem's ``updated_at`` (wall
-        clock of the last finished update or relabel, null since start-up) and ``updating``,
-        from which a router tells the fleet's version (``tandem_client.fleet``)."""
-        return {
-            "weight_version": str(await self.llm.get_weight_version()),
-            "updated_at": self._updated_at,
-            "updating": self._updating,
-        }
+    async def weight_info(self) -> WeightInfo:
+        """``/weight_info``: vLLM's ``weight_version`` and what the node loaded
+        (``tandem_wire.control.WeightInfo``)."""
+        label = str(await self.llm.get_weight_version())
+        ready = self.backend == BACKEND or (self.backend is not None and self._transfer_ready)
+        return self.ledger.info(label, WeightTransferState(self.backend, ready))
 
     def world_size(self, include_dp: bool) -> int:
         pc = self.engine.vllm_config.parallel_config
@@ -242,20 +307,33 @@ class EngineControl:
 
     # -- the tandem_file backend's checks ------------------------------------------------------
 
-    def _checked_files(
-        self, update_info: dict[str, Any] | list[dict[str, Any]]
-    ) -> dict[str, Any] | list[dict[str, Any]]:
-        """The update with each path resolved inside the folder and its file checked against
-        the model: a refusal here is a 4xx, and the engine was never asked for anything."""
+    def _checkpoint(self) -> dict[str, TensorSpec]:
+        """The served model's own checkpoint (names, dtypes, shapes), read once."""
         if self._spec is None:
             mc = self.engine.model_config
-            try:
-                self._spec = checkpoint_spec(model_folder(mc.model, mc.revision))
-            except WeightFileRefused as exc:
-                raise WeightCheckpointUnavailable(exc.message) from None
+            self._spec = checkpoint_spec(model_folder(mc.model, mc.revision))
+        return self._spec
+
+    def _names(self) -> frozenset[str] | None:
+        """The checkpoint's tensor names, None when it cannot be read (the ledger's)."""
+        try:
+            return frozenset(self._checkpoint())
+        except WeightFileRefused:
+            return None
+
+    def _checked_files(
+        self, update_info: dict[str, Any] | list[dict[str, Any]]
+    ) -> tuple[dict[str, Any] | list[dict[str, Any]], set[str]]:
+        """The update with each path resolved inside the folder and its file checked against
+        the model, and the tensor names it writes: a refusal here is a 4xx, and the engine
+        was never asked for anything."""
+        try:
+            spec = self._checkpoint()
+        except WeightFileRefused as exc:
+            raise WeightCheckpointUnavailable(exc.message) from None
         serving = (str(self.engine.model_config.dtype).removeprefix("torch."),)
         infos = update_info if isinstance(update_info, list) else [update_info]
-        out = []
+        out, names = [], set[str]()
         for info in infos:
             if set(info) != {"path"}:
                 raise BadRequest(
@@ -264,10 +342,24 @@ class EngineControl:
                 )
             try:
                 path = confine(info["path"], self.weight_dir)
-                check_update(read_header(path), self._spec, serving)
+                header = read_header(path)
+                check_update(header, spec, serving)
             except WeightFileRefused as exc:
                 if exc.kind == "path":
                     raise WeightPathNotAllowed(exc.message, param="update_info.path") from None
                 raise InvalidWeightUpdate(exc.message, param="update_info.path") from None
             out.append({"path": str(Path(path))})
-        return out if isinstance(update_info, list) else out[0]
+            names.update(header)
+        return (out if isinstance(update_info, list) else out[0]), names
+
+
+def _named_tensors(update_info: dict[str, Any] | list[dict[str, Any]]) -> set[str] | None:
+    """The tensor names a chunk of another backend writes (vLLM's NCCL and IPC chunks list
+    them in ``names``; a list holds one entry per worker), None when it does not say."""
+    names: set[str] = set()
+    for info in update_info if isinstance(update_info, list) else [update_info]:
+        told = info.get("names") if isinstance(info, dict) else None
+        if not isinstance(told, list) or not all(isinstance(n, str) for n in told):
+            return None
+        names.update(told)
+    return names

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import msgspec
@@ -41,7 +42,7 @@ from tandem_wire import (
 )
 
 from . import fleet
-from .discovery import Admission, NodeSource
+from .discovery import NodeSource
 from .errors import (
     CacheMissError,
     FleetPartialFailure,
@@ -111,7 +112,10 @@ class AsyncTandemClient:
     Connection errors and 429/503 answers are retried with exponential backoff (at most
     ``max_retries`` times); input errors (other 4xx) never are. A generate node that cannot be
     reached or answers 503 (its engine died) is skipped for ``node_cooldown_s`` and its requests
-    move to the next node in their affinity order, with the items that node lacks.
+    move to the next node in their affinity order, with the items that node lacks. A node
+    unreachable for longer than ``node_timeout_s`` leaves the fleet (``tandem_client.fleet``):
+    the others' weights decide and updates go on without it. Control calls that load nothing
+    (version checks, start, abort, pause, resume) wait at most ``control_timeout_s`` for a node.
 
     ``compression="zstd"`` (binary only) asks render for zstd-compressed answers and compresses
     generate bodies (``compression_level``) toward nodes that advertise zstd in their answers'
@@ -145,6 +149,8 @@ class AsyncTandemClient:
         held_items_per_node: int = 100_000,
         wire_transforms: str | Sequence[str] | None = ANY_WIRE_TRANSFORM,
         node_cooldown_s: float = 10.0,
+        node_timeout_s: float = 10.0,
+        control_timeout_s: float = 10.0,
         weight_dir: str | os.PathLike[str] | None = None,
         compression: str | None = None,
         compression_level: int = DEFAULT_ZSTD_LEVEL,
@@ -176,13 +182,15 @@ class AsyncTandemClient:
             if isinstance(generate_urls, NodeSource)
             else NodeSource(_strings(generate_urls))
         )
-        self._admission = Admission()
         self._discovering = asyncio.Lock()
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self._held_items_per_node = held_items_per_node
         self._held: dict[str, _Held] = {}
         self.node_cooldown_s = node_cooldown_s
+        self.node_timeout_s = node_timeout_s
+        self.control_timeout_s = control_timeout_s
+        self.timeout_s = timeout_s
         self._nodes: dict[str, fleet.Node] = {}
         # Nodes that failed since they last told their weight version: asked before new work
         # (a node that comes back is a new process, maybe with its checkpoint's weights).
@@ -382,19 +390,23 @@ class AsyncTandemClient:
         return self._nodes_for(request)[0]
 
     def _nodes_for(self, request: GenerateRequest[Any]) -> list[str]:
-        """Admitted, unfenced nodes in the request's rendezvous order (``tandem_client.fleet``)."""
-        nodes = [self._nodes[u] for u in self.generate_urls if self._admission.admitted(u)]
-        return [n.url for n in fleet.rendezvous_nodes(_route_key(request), nodes, time.monotonic())]
+        """The nodes that may serve, in the request's rendezvous order (``tandem_client.fleet``)."""
+        nodes = [self._nodes[u] for u in self.generate_urls]
+        order = fleet.rendezvous_nodes(_route_key(request), nodes, self._view(), time.monotonic())
+        return [n.url for n in order]
+
+    def _view(self) -> fleet.FleetView:
+        nodes = [self._nodes[u] for u in self.generate_urls]
+        return fleet.judge(nodes, time.monotonic(), self.node_timeout_s)
 
     def _fenced(self, url: str) -> bool:
-        return any(n.url == url for n in fleet.fenced(list(self._nodes.values())))
+        return not self._view().serves(self._nodes[url])
 
     def _generate_nodes_are(self, urls: Sequence[str]) -> None:
         """The generate node set is now ``urls``: nodes that stay keep what this client knows
         of them; a node that left is forgotten (back at the same address, it is a new process
         that holds nothing)."""
         self.generate_urls = list(urls)
-        self._admission.nodes_changed(urls)
         for state in (self._held, self._probes, self._zstd_nodes, self._nodes):
             for gone in set(state) - set(urls):
                 del state[gone]
@@ -406,18 +418,20 @@ class AsyncTandemClient:
 
     async def _discover(self) -> None:
         """Look the generate names up again once their interval has passed; a node that
-        joined gets requests once it reports the fleet's weight version (``Admission``)."""
+        joined is asked what it holds, and gets requests only if it holds the fleet's weights."""
         source = self._generate_source
         if not source.due():
             return
         async with self._discovering:
             if not source.due():
                 return  # another call looked them up meanwhile
+            known = set(self.generate_urls)
             if await source.refresh():
                 self._generate_nodes_are(source.urls)
-            if self._admission.pending:
-                nodes = [self._nodes[u] for u in self.generate_urls]
-                self._admission.check(fleet.told_versions(await self._refresh_versions(nodes)))
+            # New nodes, and fenced ones (they may have caught up), are asked what they hold.
+            fenced = set(self.fenced())
+            stale = [u for u in self.generate_urls if u not in known or u in fenced]
+            await self._refresh_versions([self._nodes[u] for u in stale])
 
     def _node_failed(self, url: str) -> None:
         self._nodes[url].cool_down(time.monotonic(), self.node_cooldown_s)
@@ -556,41 +570,40 @@ class AsyncTandemClient:
 
     # -- control (every generate node) ----------------------------------------------------------
 
-    async def _control(
-        self, url: str, path: str, body: Any = None, params: dict[str, Any] | None = None
-    ) -> Any:
-        """One control call (JSON, as vLLM's own routes take them); errors are typed."""
-        try:
-            r = await self._http.post(
-                f"{url}{path}", json=body, params=params, headers=self._control_headers
-            )
-        except httpx.TransportError as exc:
-            raise TransportError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
-        if r.status_code >= 400:
-            raise error_from_response(r.status_code, _error_body(r), f"{url}{path}")
-        return r.json()
-
-    async def _on_every_node(
-        self, path: str, body: Any = None, params: dict[str, Any] | None = None
-    ) -> list[Any]:
+    async def _on_every_node(self, path: str, params: dict[str, Any] | None = None) -> list[Any]:
+        """A control POST on every node that has not left the fleet (``tandem_client.fleet``);
+        the first node that fails it raises, typed."""
         await self._discover()
-        return list(
-            await asyncio.gather(
-                *(self._control(u, path, body, params) for u in self.generate_urls)
-            )
-        )
+        everyone = [self._nodes[u] for u in self.generate_urls]
+        nodes = fleet.taking_part(everyone, time.monotonic(), self.node_timeout_s)
+        query = f"?{urlencode(params)}" if params else ""
+        answers = await fleet.ask_each(self._ask, nodes, "POST", path + query)
+        for a in answers:
+            if a.status == 0:
+                raise TransportError(f"{a.url}{path}: {a.body}")
+            if not a.ok:
+                raise error_from_response(a.status, a.body, f"{a.url}{path}")
+        return [a.body for a in answers]
 
-    async def _ask(self, node: fleet.Node, method: str, path: str, body: bytes) -> fleet.NodeAnswer:
-        """``fleet.Ask`` over this client's connections (JSON bodies, as vLLM's routes)."""
+    async def _ask(
+        self, node: fleet.Node, method: str, path: str, body: bytes, extra: Mapping[str, str]
+    ) -> fleet.NodeAnswer:
+        """``fleet.Ask`` over this client's connections (JSON bodies, as vLLM's routes); only
+        the calls that load weights may take the long timeout."""
         # Every POST here changes engine state (the update's steps): the admin key goes.
-        headers = dict(self._control_headers) if method == "POST" else {}
+        headers = {**(self._control_headers if method == "POST" else {}), **extra}
         if body:
             headers["content-type"] = "application/json"
+        loads = path.split("?")[0] in fleet.LOADING_PATHS
+        timeout = self.timeout_s if loads else min(self.timeout_s, self.control_timeout_s)
         try:
-            r = await self._http.request(method, f"{node.url}{path}", content=body, headers=headers)
+            r = await self._http.request(
+                method, f"{node.url}{path}", content=body, headers=headers, timeout=timeout
+            )
         except httpx.TransportError as exc:
             self._node_failed(node.url)
             return fleet.NodeAnswer(node.url, 0, f"{type(exc).__name__}: {exc}")
+        node.reached()
         try:
             return fleet.NodeAnswer(node.url, r.status_code, r.json())
         except ValueError:
@@ -598,8 +611,7 @@ class AsyncTandemClient:
 
     async def _refresh_versions(self, nodes: Sequence[fleet.Node]) -> list[fleet.NodeAnswer]:
         """Ask ``nodes`` their weight versions (a node that does not answer keeps what it told)."""
-        path = fleet.WEIGHT_INFO_PATH
-        answers = await fleet.fan_out(self._ask, nodes, "GET", path, [b""] * len(nodes))
+        answers = await fleet.ask_each(self._ask, nodes, "GET", fleet.WEIGHT_INFO_PATH)
         for node, answer in zip(nodes, answers, strict=True):
             if answer.ok and node.learn(answer.body):
                 self._suspect.discard(node.url)
@@ -626,9 +638,9 @@ class AsyncTandemClient:
         return {n.url: str(n.weight_version) for n in nodes}
 
     def fenced(self) -> list[str]:
-        """The generate nodes that get no requests: they do not hold the fleet's version (as
+        """The generate nodes that get no requests: they do not hold the fleet's weights (as
         last told; see ``tandem_client.fleet``)."""
-        return [n.url for n in fleet.fenced(list(self._nodes.values()))]
+        return [n.url for n in self._view().fenced([self._nodes[u] for u in self.generate_urls])]
 
     async def update_weights(
         self,
@@ -662,40 +674,38 @@ class AsyncTandemClient:
             path.unlink(missing_ok=True)  # each node copied the tensors at update_weights
 
     async def _update_everywhere(self, name: str, version: str | None) -> None:
-        nodes = list(self._nodes.values())
-        await self._refresh_versions(nodes)
-        answers = await fleet.start_everywhere(self._ask, nodes)
-        failed = fleet.update_failures(nodes, answers)
-        if failed:
-            raise _fleet_failure("start", failed, nodes, "undone on every node that started")
-        steps: list[tuple[str, fleet.NodeAnswer]] = []
-        going = [n for n, a in zip(nodes, answers, strict=True) if a.ok]
+        """start -> one chunk -> finish on every node that has not left the fleet, by
+        ``tandem_client.fleet``'s protocol (the front door runs the same steps)."""
+        everyone = [self._nodes[u] for u in self.generate_urls]
+        await self._refresh_versions(everyone)
+        view = self._view()
+        going = fleet.taking_part(everyone, time.monotonic(), self.node_timeout_s)
+        started = await fleet.start_update(self._ask, going, view)
+        if started.refusal is not None:
+            raise _refusal(started.refusal)
+        if started.failures:
+            raise _fleet_failure(
+                "start",
+                started.failures,
+                everyone,
+                self._view(),
+                "undone on every node that started",
+            )
+        failures = []
+        going = started.succeeded
         body = msgspec.json.encode({"update_info": {"path": name}})
-        answers = await fleet.fan_out(
-            self._ask, going, "POST", fleet.UPDATE_PATH, [body] * len(going)
-        )
-        refused = [a for a in answers if not a.ok]
-        if refused and len(refused) == len(going) and len({a.status for a in refused}) == 1:
-            # Every node refused the file alike (it is checked against the same model).
-            await fleet.fan_out(self._ask, going, "POST", fleet.ABORT_PATH, [b""] * len(going))
-            first = refused[0]
-            if first.status:
-                raise error_from_response(first.status, first.body, first.url)
-        steps += [("update", a) for a in fleet.update_failures(going, answers)]
-        dropped = [n for n, a in zip(going, answers, strict=True) if not a.ok]
-        # A node that failed its chunk is left mid-update no longer (harmless when it is not).
-        await fleet.fan_out(self._ask, dropped, "POST", fleet.ABORT_PATH, [b""] * len(dropped))
-        going = [n for n, a in zip(going, answers, strict=True) if a.ok]
+        sent = await fleet.send_chunk(self._ask, going, view, body, {})
+        if sent.refusal is not None:
+            raise _refusal(sent.refusal)
+        failures += [{**a.summary(), "step": "update"} for a in sent.failures]
         body = msgspec.json.encode({"weight_version": version})
-        answers = await fleet.fan_out(
-            self._ask, going, "POST", fleet.FINISH_PATH, [body] * len(going)
-        )
-        steps += [("finish", a) for a in fleet.update_failures(going, answers)]
-        await self._refresh_versions(nodes)
-        self._suspect.update(n.url for n in fleet.fenced(nodes))
-        failures = [{**a.summary(), "step": step} for step, a in steps]
+        finished = await fleet.finish_update(self._ask, sent.succeeded, view, body, {})
+        failures += [{**a.summary(), "step": "finish"} for a in finished.failures]
+        await self._refresh_versions(everyone)
+        after = self._view()
+        self._suspect.update(n.url for n in after.fenced(everyone))
         if failures:
-            raise _fleet_failure("update", failures, nodes, "")
+            raise _fleet_failure("update", failures, everyone, after, "")
 
     async def chat(
         self, messages: list[dict[str, Any]], *, model: str | None = None, **fields: Any
@@ -707,14 +717,21 @@ class AsyncTandemClient:
         return await self._generate(request, raw, {})
 
 
+def _refusal(answer: fleet.NodeAnswer) -> TandemError:
+    """Every node refused a step alike (the same file checked against the same model): their
+    refusal, as one node's would be."""
+    return error_from_response(answer.status, answer.body, answer.url)
+
+
 def _fleet_failure(
     step: str,
     failed: Sequence[fleet.NodeAnswer | dict[str, Any]],
     nodes: Sequence[fleet.Node],
+    view: fleet.FleetView,
     note: str,
 ) -> FleetPartialFailure:
     """The caller's error for a fleet update: each failing node's own answer, the fleet's
-    version and the fenced nodes after it."""
+    weights and the fenced nodes after it."""
     named = [f if isinstance(f, dict) else {**f.summary(), "step": step} for f in failed]
     names = ", ".join(
         f"{f['url']} ({f['step']}: {f['status'] or 'unreachable'} {f['type']})" for f in named
@@ -726,8 +743,9 @@ def _fleet_failure(
         status_code=502,
         details={
             "failed": named,
-            "weight_version": fleet.fleet_version(nodes),
-            "fenced": [n.url for n in fleet.fenced(nodes)],
+            "weight_version": view.weight_version,
+            "weights_id": view.weights_id,
+            "fenced": [n.url for n in view.fenced(nodes)],
         },
     )
 

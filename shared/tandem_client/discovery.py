@@ -10,7 +10,8 @@ a DNS outage, or a moment where no pod is ready, would otherwise empty the fleet
 that is really gone fails over quickly anyway (connection refused: its requests go on to the
 next node in their order).
 
-``Admission`` holds new generate nodes back until they carry the fleet's weights.
+A generate node found later serves only once it holds the fleet's weights
+(``tandem_client.fleet.judge``).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 __all__ = [
     "DNS_PREFIX",
-    "Admission",
     "NodeSource",
     "Resolve",
     "hosts_file_resolver",
@@ -161,57 +161,3 @@ class NodeSource:
         if urls != self._found.get(spec.text):
             log.info("%s: %d nodes: %s", spec.text, len(urls), ", ".join(urls))
         self._found[spec.text] = urls
-
-
-class Admission:
-    """Which nodes may get inference work.
-
-    The first nodes seen are the fleet. A node that joins later (a scaled-up pod, a pod back
-    with a new address) is pending until it reports the fleet's weight version, the one every
-    admitted node that answers agrees on: a fresh process holds the model's base weights while
-    the fleet serves trained ones. A pending node still gets control calls (the trainer's next
-    full update brings it level). If no admitted node is left, the current nodes become the
-    fleet: there is no other version to wait for.
-    """
-
-    def __init__(self) -> None:
-        self._admitted: set[str] = set()
-        self._pending: set[str] = set()
-
-    def admitted(self, url: str) -> bool:
-        """Whether ``url`` may get inference work (a node never seen here may)."""
-        return url not in self._pending
-
-    @property
-    def pending(self) -> frozenset[str]:
-        return frozenset(self._pending)
-
-    def nodes_changed(self, urls: Iterable[str]) -> None:
-        now = set(urls)
-        self._admitted &= now
-        self._pending &= now
-        if not self._admitted:
-            if self._pending:
-                log.warning("no admitted node is left: %d pending nodes become the fleet", len(now))
-            self._admitted, self._pending = now, set()
-            return
-        joined = now - self._admitted - self._pending
-        if joined:
-            log.info("pending until at the fleet's weight version: %s", ", ".join(sorted(joined)))
-        self._pending |= joined
-
-    def check(self, versions: Mapping[str, str | None]) -> None:
-        """Admit the pending nodes at the fleet's weight version, from the versions the nodes
-        told just now (``fleet.told_versions``; None or absent: no answer)."""
-        if not self._pending:
-            return
-        fleet = {versions.get(u) for u in self._admitted} - {None}
-        if len(fleet) != 1:
-            # None answered, or they disagree (an update under way): nothing to match yet.
-            return
-        (version,) = fleet
-        for url in sorted(self._pending):
-            if versions.get(url) == version:
-                self._pending.discard(url)
-                self._admitted.add(url)
-                log.info("%s reports the fleet's weight version %s: admitted", url, version)

@@ -1,40 +1,46 @@
-"""The generate fleet as a router sees it: node order, cool-down, fencing, fan-out, combining.
+"""The generate fleet as a router sees it: which node may serve, node order, cool-down, and
+the weight-update protocol (start -> chunks -> finish, abort), one step at a time.
 
 One module for the front door and ``tandem_client`` (neither keeps a copy). It holds no
 connection: callers pass an ``Ask`` (one HTTP call to one node) and their own ``Node`` objects.
 
-**The fleet's version** is the label of the newest update any node finished: each generate
-node reports at ``/weight_info`` its ``weight_version`` and ``updated_at`` (its wall clock
-when it last finished an update or was relabelled; null since it started). So the last fully
-successful update sets it, and so does an update that finished on some nodes only (those hold
-its weights now). While no node has been updated (or after every node restarted), it is the
-version all nodes agree on; nodes that disagree then have no fleet version and nobody is
-fenced. The nodes' clocks are assumed to agree within the time between two updates (NTP).
+**Which weights are the fleet's** is judged by what each node loaded, never by its label or a
+clock. Every update gets an id from whoever runs it (``tandem_wire.control.UpdateId``:
+``SEQ-TOKEN``, SEQ one above the highest any node has seen start, so the fleet's updates are
+ordered); each node reports at ``/weight_info`` the sequence numbers of the updates it applied
+and a ``weights_id``, a digest of which update last wrote each tensor
+(``tandem_generate.weight_ledger``): two nodes hold the same weights exactly when their ids are
+equal. The fleet's weights are those of the reachable, clean node that applied the newest
+updates (ranked newest first: the node holding an update another lacks wins); labels are for
+people and decide nothing (TRL finishes an update with ``{}``, which keeps the old label).
 
-**Fencing:** a node that reported a version other than the fleet's gets no inference work
-(it failed an update others finished, or restarted with its checkpoint) until it reports the
-fleet's version, i.e. until an update reaches it. A node that never answered ``/weight_info``
-is not fenced (a node that cannot be reached cools down instead). Requests never go to a
-fenced node, even when no other node is up: its completions would be of other weights.
+**May a node serve** (``judge``): only when it answers, is clean (no half-applied chunk, no
+prefix cache that failed to reset) and holds the fleet's ``weights_id``. A node unreachable
+past the node timeout leaves the fleet: the others' weights decide without it, and it is fenced
+when it comes back unless it holds theirs. A node that never told its weights serves only
+while no node has. A node whose weight transfer is not set up while others' is (found after
+the trainer's ``/init_weight_transfer_engine``) is fenced too: it cannot take the next update.
 
-**An update** (``/start_weight_update`` -> ``/update_weights`` -> ``/finish_weight_update``)
-goes to every node. It starts on every unfenced node or on none: when one fails to start,
-every node that may have started is undone with ``/abort_weight_update``. A node whose chunk
-fails is aborted too (so no finish labels what it did not load); it is fenced once the others
-finish, and the caller gets each failing node's own answer (``NodeAnswer.summary``: url,
-status, error type, message). Fenced nodes take part too (that is how they catch up: a
-leftover update of theirs is aborted first), but their failures fail nothing.
+**An update** goes to every node that has not left the fleet. It starts on every serving node
+or on none: when one fails to start, every node that may have started is undone with
+``/abort_weight_update``. A node whose chunk fails is aborted too (so no finish loads what it
+did not receive); it no longer holds the fleet's weights once the others finish, and the caller
+gets each failing node's own answer (``NodeAnswer.summary``). Fenced nodes take part (that is
+how they catch up: a leftover update of theirs is aborted first), but their failures fail
+nothing; a fenced node that took a partial update stays fenced until every tensor it missed has
+been written since (its ``weights_id`` then equals the others').
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tandem_wire import error_types
+from tandem_wire.control import APPLIED_REPORTED, UPDATE_ID_HEADER, UpdateId
 
 from .routing import rendezvous_order
 
@@ -42,28 +48,46 @@ __all__ = [
     "ABORT_PATH",
     "COMBINE",
     "FINISH_PATH",
+    "INIT_PATH",
+    "LOADING_PATHS",
     "START_PATH",
     "UPDATE_PATH",
+    "UPDATE_STEPS",
     "WEIGHT_INFO_PATH",
     "Ask",
     "CombineError",
+    "FleetView",
     "Node",
     "NodeAnswer",
-    "fan_out",
-    "fenced",
-    "fleet_version",
+    "StepResult",
+    "abort_update",
+    "ask_each",
+    "finish_update",
+    "judge",
     "least_pending",
     "rendezvous_nodes",
-    "start_everywhere",
-    "told_versions",
-    "update_failures",
+    "send_chunk",
+    "start_update",
+    "taking_part",
 ]
 
 START_PATH = "/start_weight_update"
 UPDATE_PATH = "/update_weights"
 FINISH_PATH = "/finish_weight_update"
 ABORT_PATH = "/abort_weight_update"
+INIT_PATH = "/init_weight_transfer_engine"
 WEIGHT_INFO_PATH = "/weight_info"
+UPDATE_STEPS = (START_PATH, UPDATE_PATH, FINISH_PATH, ABORT_PATH)
+
+LOADING_PATHS = frozenset({UPDATE_PATH, FINISH_PATH, INIT_PATH})
+"""Control calls that may take long on a healthy node (loading weights, a collective's
+rendezvous): they get the long read timeout; every other control call the short one."""
+
+UNREACHABLE = "unreachable"
+NOT_TOLD = "weights_not_told"
+OTHER_WEIGHTS = "other_weights"
+UNCLEAN = "unclean"
+NO_TRANSFER = "weight_transfer_not_initialized"
 
 
 @dataclass
@@ -75,61 +99,154 @@ class Node:
     """Requests this router has in flight on the node (render spreads by it)."""
     down_until: float = 0.0
     """Until then (monotonic clock) the node comes last: it refused a connection."""
+    unreachable_since: float | None = None
+    """When (monotonic) it stopped answering; None while it answers."""
     weight_version: str | None = None
-    """The version it last reported at /weight_info (None: it never answered)."""
-    updated_at: float | None = None
-    """Its wall clock when it last finished an update, as it reported (None: not since it
-    started, so it holds its checkpoint's weights or whatever it was started with)."""
+    """Its label, as it last reported at /weight_info (None: it never answered)."""
+    weights_id: str | None = None
+    """What it holds (``tandem_wire.control.WeightInfo``); None: never told."""
+    applied: tuple[int, ...] = ()
+    """The sequence numbers of the updates it applied, newest first."""
+    seen_seq: int = 0
+    unclean: str | None = None
+    unwritten: int | None = None
+    transfer_ready: bool | None = None
+    """Whether it can take an update now (None: it did not say)."""
+    transfer_backend: str | None = None
+    """How it takes updates (``nccl``, ``tandem_file``...; None: it takes none, or did not say)."""
 
     def learn(self, weight_info: Any) -> bool:
-        """Take a /weight_info answer; False when it is not one."""
+        """Take a /weight_info answer; False when it is not one. Upstream vLLM's, which has
+        only the label, stands for weights named by that label."""
         if not isinstance(weight_info, dict) or "weight_version" not in weight_info:
             return False
-        told = weight_info["weight_version"]  # null from a door whose nodes disagree
+        told = weight_info["weight_version"]  # null from a door with no serving node
         self.weight_version = None if told is None else str(told)
-        at = weight_info.get("updated_at")
-        self.updated_at = float(at) if isinstance(at, int | float) else None
+        wid = weight_info.get("weights_id")
+        self.weights_id = str(wid) if isinstance(wid, str) else f"label:{self.weight_version}"
+        seqs = weight_info.get("applied_seqs")
+        self.applied = tuple(s for s in seqs if _count(s)) if isinstance(seqs, list) else ()
+        seen: Any = weight_info.get("seen_seq")
+        self.seen_seq = seen if _count(seen) else max(self.applied, default=0)
+        unclean = weight_info.get("unclean")
+        self.unclean = str(unclean) if unclean else None
+        left = weight_info.get("unwritten")
+        self.unwritten = left if _count(left) else None
+        transfer = weight_info.get("weight_transfer")
+        transfer = transfer if isinstance(transfer, dict) else {}
+        ready, backend = transfer.get("ready"), transfer.get("backend")
+        self.transfer_ready = ready if isinstance(ready, bool) else None
+        self.transfer_backend = backend if isinstance(backend, str) else None
         return True
 
     def cool_down(self, now: float, seconds: float) -> None:
         self.down_until = now + seconds
+        if self.unreachable_since is None:
+            self.unreachable_since = now
+
+    def reached(self) -> None:
+        """It answered."""
+        self.unreachable_since = None
+
+    def gone(self, now: float, node_timeout_s: float) -> bool:
+        """Unreachable for longer than the node timeout: it has left the fleet."""
+        since = self.unreachable_since
+        return since is not None and now - since > node_timeout_s
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 N = TypeVar("N", bound=Node)
 
 
-def fleet_version(nodes: Sequence[Node]) -> str | None:
-    """The fleet's version (see the module doc), None when there is none."""
-    told = [n for n in nodes if n.weight_version is not None]
-    stamped = [n for n in told if n.updated_at is not None]
-    if stamped:
-        return max(stamped, key=lambda n: n.updated_at or 0.0).weight_version
-    versions = {n.weight_version for n in told}
-    return versions.pop() if len(versions) == 1 else None
+# -- which node may serve ----------------------------------------------------------------------
 
 
-def told_versions(answers: Sequence[NodeAnswer]) -> dict[str, str | None]:
-    """Each node's version from its ``/weight_info`` answer (None: no readable answer)."""
-    out: dict[str, str | None] = {}
-    for a in answers:
-        told = a.body.get("weight_version") if a.ok and isinstance(a.body, dict) else None
-        out[a.url] = None if told is None else str(told)
-    return out
+@dataclass(frozen=True)
+class FleetView:
+    """The fleet as judged at one moment (``judge``)."""
+
+    reference: Node | None
+    """The node whose weights are the fleet's (None: no reachable clean node told any)."""
+    reasons: dict[str, str | None] = field(default_factory=dict)
+    """Per node URL: why it may not serve (None: it may)."""
+
+    @property
+    def weights_id(self) -> str | None:
+        return self.reference.weights_id if self.reference else None
+
+    @property
+    def weight_version(self) -> str | None:
+        return self.reference.weight_version if self.reference else None
+
+    def serves(self, node: Node) -> bool:
+        return self.reasons.get(node.url, UNREACHABLE) is None
+
+    def fenced(self, nodes: Sequence[N]) -> list[N]:
+        return [n for n in nodes if not self.serves(n)]
+
+    def missed(self, node: Node) -> list[int]:
+        """The fleet's updates a node did not apply (as far as both report), newest first."""
+        if self.reference is None:
+            return []
+        have = set(node.applied)
+        # A full list is cut at its oldest: what came before it is not known.
+        known_from = min(have) if len(have) >= APPLIED_REPORTED else 0
+        return [s for s in self.reference.applied if s not in have and s > known_from]
 
 
-def fenced(nodes: Sequence[N]) -> list[N]:
-    """The nodes that get no inference work: they reported another version than the fleet's."""
-    version = fleet_version(nodes)
-    if version is None:
-        return []
-    return [n for n in nodes if n.weight_version is not None and n.weight_version != version]
+def judge(nodes: Sequence[Node], now: float, node_timeout_s: float) -> FleetView:
+    """Which weights are the fleet's and which nodes may serve (see the module doc)."""
+    live = [n for n in nodes if not n.gone(now, node_timeout_s)]
+    told = [n for n in live if n.weights_id is not None]
+    clean = [n for n in told if n.unclean is None]
+    holders: dict[str | None, int] = {}
+    for n in clean:
+        holders[n.weights_id] = holders.get(n.weights_id, 0) + 1
+    # Newest updates first; then the weights most nodes hold; then the id, so that every router
+    # picks the same node from the same answers.
+    reference = max(
+        clean, key=lambda n: (n.applied, holders[n.weights_id], n.weights_id or ""), default=None
+    )
+    # Backends whose trainer's group is set up on some node (a node of the same backend that is
+    # not in it was found later: it can take no update).
+    set_up = {n.transfer_backend for n in told if n.transfer_ready}
+    reasons: dict[str, str | None] = {}
+    for n in nodes:
+        reasons[n.url] = _reason(n, reference, live, told, set_up)
+    return FleetView(reference, reasons)
 
 
-def rendezvous_nodes(key: str, nodes: Sequence[N], now: float) -> list[N]:
-    """Unfenced nodes in ``key``'s rendezvous order (the same on every router), those that
-    refused a connection recently last. A node going away moves only its keys."""
-    out = set(map(id, fenced(nodes)))
-    by_url = {n.url: n for n in nodes if id(n) not in out}
+def _reason(
+    n: Node,
+    reference: Node | None,
+    live: Sequence[Node],
+    told: Sequence[Node],
+    set_up: set[str | None],
+) -> str | None:
+    if n not in live:
+        return UNREACHABLE
+    if n.weights_id is None:
+        return NOT_TOLD if told else None
+    if n.unclean is not None:
+        return f"{UNCLEAN}: {n.unclean}"
+    if (
+        n.transfer_ready is False
+        and n.transfer_backend is not None
+        and n.transfer_backend in set_up
+    ):
+        return NO_TRANSFER
+    if reference is None or n.weights_id != reference.weights_id:
+        return OTHER_WEIGHTS
+    return None
+
+
+def rendezvous_nodes(key: str, nodes: Sequence[N], view: FleetView, now: float) -> list[N]:
+    """The nodes that may serve in ``key``'s rendezvous order (the same on every router),
+    those that refused a connection recently last. A node going away moves only its keys."""
+    by_url = {n.url: n for n in nodes if view.serves(n)}
     order = [by_url[u] for u in rendezvous_order(key, list(by_url))]
     return sorted(order, key=lambda n: n.down_until > now)
 
@@ -141,7 +258,7 @@ def least_pending(nodes: Sequence[N], now: float) -> list[N]:
     return sorted(shuffled, key=lambda n: (n.down_until > now, n.pending))
 
 
-# -- fan-out -----------------------------------------------------------------------------------
+# -- asking nodes ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -175,41 +292,104 @@ class NodeAnswer:
         return {"url": self.url, "status": self.status, "type": self.type, "message": message}
 
 
-Ask = Callable[[Node, str, str, bytes], Awaitable[NodeAnswer]]
-"""One call to one node: (node, method, path with query, body) -> its answer; a node that
-cannot be reached answers status 0 (the caller also cools it down)."""
+Ask = Callable[[Node, str, str, bytes, Mapping[str, str]], Awaitable[NodeAnswer]]
+"""One call to one node: (node, method, path with query, body, extra headers) -> its answer;
+a node that cannot be reached answers status 0 (and the caller cools it down)."""
 
 
-async def fan_out(
-    ask: Ask, nodes: Sequence[Node], method: str, path: str, bodies: Sequence[bytes]
+async def ask_each(
+    ask: Ask,
+    nodes: Sequence[Node],
+    method: str,
+    path: str,
+    bodies: Sequence[bytes] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> list[NodeAnswer]:
-    """Every node at once, each with its body; answers in the nodes' order."""
-    calls = (ask(n, method, path, b) for n, b in zip(nodes, bodies, strict=True))
+    """Every node at once, each with its body (none by default); answers in the nodes' order."""
+    sent = bodies if bodies is not None else [b""] * len(nodes)
+    calls = (ask(n, method, path, b, headers or {}) for n, b in zip(nodes, sent, strict=True))
     return list(await asyncio.gather(*calls))
 
 
-async def start_everywhere(ask: Ask, nodes: Sequence[Node]) -> list[NodeAnswer]:
-    """``/start_weight_update`` on every node; when an unfenced node fails to start, every node
-    that may have started is undone (``/abort_weight_update``), so none is left mid-update.
-    The answers, in the nodes' order (the failures among them are the caller's to report)."""
-    behind = fenced(nodes)
+# -- the update protocol, one step at a time ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step of an update on the nodes asked (answers in their order)."""
+
+    asked: list[Node]
+    answers: list[NodeAnswer]
+    failures: list[NodeAnswer]
+    """The failures that fail the step: of nodes that served when it began."""
+    refusal: NodeAnswer | None = None
+    """Every node asked refused it alike (same status): their answer, to pass on as it is."""
+    update_id: UpdateId | None = None
+
+    @property
+    def succeeded(self) -> list[Node]:
+        return [n for n, a in zip(self.asked, self.answers, strict=True) if a.ok]
+
+
+def taking_part(nodes: Sequence[N], now: float, node_timeout_s: float) -> list[N]:
+    """The nodes an update goes to: every node that has not left the fleet."""
+    return [n for n in nodes if not n.gone(now, node_timeout_s)]
+
+
+def _result(
+    asked: Sequence[Node], answers: list[NodeAnswer], view: FleetView, **extra: Any
+) -> StepResult:
+    failures = [a for n, a in zip(asked, answers, strict=True) if not a.ok and view.serves(n)]
+    refused = [a for a in answers if not a.ok]
+    alike = bool(answers) and len(refused) == len(answers) and len({a.status for a in refused}) == 1
+    refusal = refused[0] if alike and refused[0].status else None
+    return StepResult(list(asked), answers, failures, refusal, **extra)
+
+
+async def start_update(ask: Ask, nodes: Sequence[Node], view: FleetView) -> StepResult:
+    """``/start_weight_update`` with a new update id on ``nodes``; when a serving node fails to
+    start, every node that may have started is undone (``/abort_weight_update``), so none is
+    left mid-update."""
+    behind = view.fenced(nodes)
     # A fenced node may be left mid-update by the update it failed: ended, so it can join.
-    await fan_out(ask, behind, "POST", ABORT_PATH, [b""] * len(behind))
-    out = set(map(id, behind))
-    answers = await fan_out(ask, nodes, "POST", START_PATH, [b""] * len(nodes))
-    if any(not a.ok and id(n) not in out for n, a in zip(nodes, answers, strict=True)):
+    await ask_each(ask, behind, "POST", ABORT_PATH)
+    uid = UpdateId.mint(max((n.seen_seq for n in nodes), default=0))
+    answers = await ask_each(ask, nodes, "POST", START_PATH, headers={UPDATE_ID_HEADER: str(uid)})
+    result = _result(nodes, answers, view, update_id=uid)
+    if result.failures:
         # Undone wherever it may have started: a node that timed out or failed with a 5xx
         # may have started all the same; only a 4xx refusal surely did not.
         maybe = [n for n, a in zip(nodes, answers, strict=True) if not 400 <= a.status < 500]
-        await fan_out(ask, maybe, "POST", ABORT_PATH, [b""] * len(maybe))
-    return answers
+        await ask_each(ask, maybe, "POST", ABORT_PATH)
+    return result
 
 
-def update_failures(nodes: Sequence[Node], answers: Sequence[NodeAnswer]) -> list[NodeAnswer]:
-    """The failures that fail an update step: those of nodes not fenced before it (a fenced
-    node that cannot follow stays fenced)."""
-    out = set(map(id, fenced(nodes)))
-    return [a for n, a in zip(nodes, answers, strict=True) if not a.ok and id(n) not in out]
+async def send_chunk(
+    ask: Ask, nodes: Sequence[Node], view: FleetView, body: bytes, headers: Mapping[str, str]
+) -> StepResult:
+    """One ``/update_weights`` chunk to ``nodes``. A node whose chunk failed (or timed out: it
+    may still be loading it) is aborted, so that no finish loads what it did not receive;
+    when every node refused it alike (the same file checked against the same model), every
+    node is aborted and their refusal is the answer."""
+    answers = await ask_each(ask, nodes, "POST", UPDATE_PATH, [body] * len(nodes), headers)
+    result = _result(nodes, answers, view)
+    dropped = [n for n, a in zip(nodes, answers, strict=True) if not a.ok]
+    await ask_each(ask, dropped, "POST", ABORT_PATH)
+    return result
+
+
+async def finish_update(
+    ask: Ask, nodes: Sequence[Node], view: FleetView, body: bytes, headers: Mapping[str, str]
+) -> StepResult:
+    """``/finish_weight_update`` on ``nodes`` (each loads, resets its caches and relabels with
+    its engine frozen)."""
+    answers = await ask_each(ask, nodes, "POST", FINISH_PATH, [body] * len(nodes), headers)
+    return _result(nodes, answers, view)
+
+
+async def abort_update(ask: Ask, nodes: Sequence[Node], view: FleetView) -> StepResult:
+    """``/abort_weight_update`` on ``nodes``."""
+    return _result(nodes, await ask_each(ask, nodes, "POST", ABORT_PATH), view)
 
 
 # -- combining answers ---------------------------------------------------------------------------
@@ -229,11 +409,11 @@ class CombineError(Exception):
         self.type = type
 
 
-Combine = Callable[[list[NodeAnswer], Sequence[Node]], Any]
-"""(every node's answer, the nodes in the same order) -> the combined answer."""
+Combine = Callable[[list[NodeAnswer], Sequence[Node], FleetView], Any]
+"""(every node's answer, the nodes in the same order, the fleet as judged) -> one answer."""
 
 
-def _first(answers: list[NodeAnswer], nodes: Sequence[Node]) -> Any:
+def _first(answers: list[NodeAnswer], nodes: Sequence[Node], view: FleetView) -> Any:
     ok = [a for a in answers if a.ok]
     return ok[0].body if ok else None
 
@@ -259,14 +439,14 @@ def _told(
     return told
 
 
-def _any_paused(answers: list[NodeAnswer], nodes: Sequence[Node]) -> Any:
+def _any_paused(answers: list[NodeAnswer], nodes: Sequence[Node], view: FleetView) -> Any:
     """Paused when any node is; an error when one does not tell (a trainer waiting for the
     fleet to be quiet must not take an unreachable node for an idle one)."""
     told = _told(answers, "/is_paused", "is_paused", lambda v: isinstance(v, bool))
     return {"is_paused": any(told)}
 
 
-def _world_size(answers: list[NodeAnswer], nodes: Sequence[Node]) -> Any:
+def _world_size(answers: list[NodeAnswer], nodes: Sequence[Node], view: FleetView) -> Any:
     """The sum over every node; an error when one does not tell (a node missing from the
     count would give the trainer a group that never completes)."""
     told = _told(
@@ -278,28 +458,34 @@ def _world_size(answers: list[NodeAnswer], nodes: Sequence[Node]) -> Any:
     return {"world_size": sum(told)}
 
 
-def _weight_versions(answers: list[NodeAnswer], nodes: Sequence[Node]) -> Any:
-    """The fleet's version (null when there is none) and every node's own, fenced or not
-    (a node that did not answer: its version null, fenced as last known)."""
-    out = {id(n) for n in fenced(nodes)}
+def _weight_versions(answers: list[NodeAnswer], nodes: Sequence[Node], view: FleetView) -> Any:
+    """The fleet's weights (label, ``weights_id``, the updates they hold) and every node's own,
+    with whether it is fenced and why (a node that did not answer: as last known)."""
     listed = [
         {
-            "url": a.url,
-            "weight_version": a.body.get("weight_version")
-            if a.ok and isinstance(a.body, dict)
-            else None,
-            "fenced": id(n) in out,
+            "url": n.url,
+            "weight_version": n.weight_version,
+            "weights_id": n.weights_id,
+            "update_seq": n.applied[0] if n.applied else 0,
+            "fenced": not view.serves(n),
+            "reason": view.reasons.get(n.url, UNREACHABLE),
+            "missed_seqs": view.missed(n),
+            **({"unwritten": n.unwritten} if n.unclean else {}),
         }
-        for n, a in zip(nodes, answers, strict=True)
+        for n in nodes
     ]
+    ref = view.reference
     return {
-        "weight_version": fleet_version(nodes),
+        "weight_version": view.weight_version,
+        "weights_id": view.weights_id,
+        "applied_seqs": list(ref.applied) if ref else [],
+        "seen_seq": max((n.seen_seq for n in nodes), default=0),
         "nodes": listed,
         "fenced": [n["url"] for n in listed if n["fenced"]],
     }
 
 
-def _each(answers: list[NodeAnswer], nodes: Sequence[Node]) -> Any:
+def _each(answers: list[NodeAnswer], nodes: Sequence[Node], view: FleetView) -> Any:
     # Every node's own answer, plus the first one's fields for clients reading one node's shape.
     first = answers[0].body if answers and isinstance(answers[0].body, dict) else {}
     return {**first, "nodes": [{"url": a.url, "body": a.body} for a in answers]}

@@ -4,14 +4,21 @@ router (``vllm/entrypoints/rl/online/api_router.py``) takes them, so that its cl
 
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Any, Literal, NamedTuple
 
 from msgspec import Struct
 
 __all__ = [
+    "APPLIED_REPORTED",
     "CONTROL_ROUTES",
+    "UPDATE_ID_HEADER",
     "ControlRoute",
     "PauseMode",
+    "UpdateId",
+    "WeightInfo",
+    "WeightTransferState",
     "InitWeightTransferRequest",
     "UpdateWeightsRequest",
     "FinishWeightUpdateRequest",
@@ -22,6 +29,85 @@ __all__ = [
 PauseMode = Literal["abort", "wait", "keep"]
 """``/pause?mode=``: ``abort`` ends requests in flight (they answer ``finish_reason: abort``),
 ``wait`` lets them finish first, ``keep`` freezes them until ``/resume``."""
+
+
+UPDATE_ID_HEADER = "x-tandem-update-id"
+"""Sent with ``/start_weight_update`` by whoever runs an update over several nodes (the front
+door, ``tandem_client``): the update's id (``UpdateId``), the same on every node, so that the
+nodes can tell a router which updates they applied. A node started without it mints its own."""
+
+APPLIED_REPORTED = 64
+"""How many of a node's newest applied updates ``/weight_info`` lists (``applied_seqs``)."""
+
+_UPDATE_ID = re.compile(r"([0-9]{1,15})-([0-9a-f]{8,64})")
+
+
+class UpdateId(NamedTuple):
+    """A weight update's id, ``SEQ-TOKEN``: ``seq`` is one more than the highest sequence
+    number any node of the fleet had seen start (so a fleet's updates are ordered without a
+    clock), ``token`` random hex (so two updates minted from the same view differ)."""
+
+    seq: int
+    token: str
+
+    def __str__(self) -> str:
+        return f"{self.seq}-{self.token}"
+
+    @classmethod
+    def parse(cls, text: str) -> UpdateId:
+        """The id written as ``SEQ-TOKEN``; ``ValueError`` when it is not one."""
+        found = _UPDATE_ID.fullmatch(text.strip())
+        if found is None:
+            raise ValueError(f"an update id is SEQ-HEX (e.g. 7-9f3c1a2b), not {text[:80]!r}")
+        return cls(int(found.group(1)), found.group(2))
+
+    @classmethod
+    def mint(cls, seen_seq: int) -> UpdateId:
+        """A new id after ``seen_seq``, the highest sequence number seen so far."""
+        return cls(seen_seq + 1, secrets.token_hex(8))
+
+
+class WeightTransferState(Struct):
+    """How a node receives weights."""
+
+    backend: str | None
+    """``nccl``, ``ipc``, ``tandem_file``...; null: the node takes no weight updates."""
+    ready: bool
+    """Whether it can take an update now: ``tandem_file`` always; a collective backend once
+    ``/init_weight_transfer_engine`` joined it to the trainer's group."""
+
+
+class WeightInfo(Struct):
+    """``GET /weight_info`` of a generate node: vLLM's ``weight_version`` plus what a router
+    needs to tell which nodes hold the same weights (``tandem_client.fleet``)."""
+
+    weight_version: str
+    """vLLM's label of the weights (``default`` until one is given); for people, never for
+    routing: a finish without a label keeps the old one, as vLLM does."""
+    updating: bool
+    """An update is under way (started, not yet finished or aborted)."""
+    weights_id: str
+    """A digest of what the engine computes with: the checkpoint (served name and revision),
+    and for every tensor name the id of the update that last wrote it. Two nodes started from
+    the same checkpoint hold the same weights exactly when their ``weights_id`` are equal."""
+    update_seq: int
+    """The sequence number of the last update this node applied (0: none since start-up)."""
+    applied_seqs: list[int]
+    """The sequence numbers of the updates it applied since start-up, newest first (at most
+    the last ``APPLIED_REPORTED``): routers rank nodes by them, newest update first."""
+    seen_seq: int
+    """The highest sequence number of an update it was asked to start (a new id is minted
+    above it)."""
+    unclean: str | None
+    """Why the weights or caches may not be what ``weights_id`` says (null: they are):
+    ``partial_load`` (a chunk was applied in place, then the update failed or was aborted;
+    clean again once every tensor has been written since), ``finish_failed``,
+    ``prefix_cache_not_reset`` (clean again after a ``/reset_prefix_cache`` that succeeds).
+    Such a node serves nothing behind a router."""
+    unwritten: int | None
+    """With ``partial_load``: how many checkpoint tensors are still to be written before the
+    node is clean again (null: unknown, the checkpoint's names cannot be read)."""
+    weight_transfer: WeightTransferState
 
 
 class InitWeightTransferRequest(Struct, forbid_unknown_fields=True):

@@ -22,6 +22,7 @@ __all__ = [
     "format_of_content_type",
     "format_for_accept",
     "WIRE_TRANSFORMS_HEADER",
+    "WEIGHT_VERSIONS_HEADER",
     "ANY_WIRE_TRANSFORM",
     "BODY_CODING_HEADER",
     "accepted_wire_transforms",
@@ -87,6 +88,12 @@ SYSTEM_FINGERPRINT_HEADER = "x-tandem-system-fingerprint"
 """Response header of generate's ``/inference/v1/generate``: the engine's ``system_fingerprint``
 as ``vllm serve`` computes it (vLLM's ``get_system_fingerprint``), which the front door writes
 into its OpenAI answers where ``vllm serve`` does. Absent when the engine has none."""
+
+WEIGHT_VERSIONS_HEADER = "x-tandem-weight-versions"
+"""Request header to the front door's OpenAI routes (``/v1/chat/completions``,
+``/v1/completions``): ``true`` puts generate's ``weight_versions`` (``WeightVersionSpan``s over
+the choice's output tokens) on each choice of the answer, streamed on the chunk that finishes
+it. Absent (or anything else), the answer is ``vllm serve``'s, field for field."""
 
 ANY_WIRE_TRANSFORM = "*"
 """In ``WIRE_TRANSFORMS_HEADER``: every transform the render node has for its model (those

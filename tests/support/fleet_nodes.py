@@ -1,16 +1,24 @@
 """Stand-in generate nodes for fleet tests: the weight-update state machine of
-``tandem_generate.control`` (start -> update -> finish, abort, ``/weight_info`` with
-``updated_at``), faults injected per step, and every request recorded. Behind one transport
-that routes by host (``http://g1`` ...), so the door and tandem_client run in-process."""
+``tandem_generate.control`` (start -> update -> finish, abort) with its own record of what it
+loaded (``tandem_generate.weight_ledger``, the real one: ``/weight_info`` is what a node says),
+faults injected per step, and every request recorded. Behind one transport that routes by host
+(``http://g1`` ...), so the door and tandem_client run in-process.
+
+An update's ``update_info`` is ``{"path": NAME}`` or ``{"path": NAME, "names": [...]}``: it
+writes the tensors ``names`` (default: every tensor, ``FULL``), each of them now NAME's."""
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import httpx
+import msgspec
 
-_clock = itertools.count(1_000)
+from tandem_generate.weight_ledger import WeightLedger
+from tandem_wire.control import UPDATE_ID_HEADER, UpdateId, WeightTransferState
+
+TENSORS = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
+"""The stand-in checkpoint's tensors."""
 
 
 def _error(status: int, type_: str, message: str) -> httpx.Response:
@@ -26,22 +34,30 @@ class GenNode:
 
     def __init__(self, name: str, version: str = "v0") -> None:
         self.name = name
-        self.version = version
-        self.weights = version
-        self.updated_at: float | None = None
-        self.updating = False
-        self.staged: str | None = None
+        self.restart(version)
         self.down = False
-        self.fail: dict[str, str] = {}
         self.paths: list[str] = []
         self.generated: list[str] = []
         """The weights each completion it served was computed with, with its label."""
 
     def restart(self, checkpoint: str = "v0") -> None:
         self.down = False
-        self.fail.clear()
-        self.version = self.weights = checkpoint
-        self.updated_at, self.updating, self.staged = None, False, None
+        self.fail: dict[str, str] = {}
+        self.version = checkpoint
+        self.tensors = dict.fromkeys(TENSORS, checkpoint)
+        """What each tensor holds: the name of the update that last wrote it."""
+        self.ledger = WeightLedger("stand-in@", lambda: frozenset(TENSORS))
+        self.staged: dict[str, str] = {}
+
+    @property
+    def updating(self) -> bool:
+        return self.ledger.current is not None
+
+    @property
+    def weights(self) -> str:
+        """What it computes with: one update's name when every tensor is that update's."""
+        held = set(self.tensors.values())
+        return held.pop() if len(held) == 1 else "+".join(sorted(held))
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -55,11 +71,18 @@ class GenNode:
             raise httpx.ConnectError("connection refused", request=request)
         if how == "timeout":
             raise httpx.ReadTimeout("timed out", request=request)
+        if how == "defer":  # a slow node: the step is done later (``catch_up``), unanswered
+            self.deferred = request
+            raise httpx.ReadTimeout("timed out", request=request)
         if how == "refuse":
             if step == "update_weights":
-                self.updating = False  # vLLM's worker ends an update whose chunk failed
+                self.ledger.ended(loaded_in_place=False)  # vLLM's worker ends the update
+            if step == "finish_weight_update":  # as generate's control: the load may be partial
+                self.ledger.current = None
+                self.ledger.mark_unclean("finish_failed")
             return _error(500, "internal_error", f"{self.name} failed {step}")
         control = request.content and path != "/inference/v1/generate"
+        self._update_id = request.headers.get(UPDATE_ID_HEADER)
         answer = self._answer(path, json.loads(request.content) if control else {})
         if how == "late":
             raise httpx.ReadTimeout("timed out after doing it", request=request)
@@ -68,30 +91,36 @@ class GenNode:
     def _answer(self, path: str, body: dict) -> httpx.Response:
         conflict = _error(409, "weight_update_conflict", "out of order")
         if path == "/weight_info":
-            info = {"weight_version": self.version, "updated_at": self.updated_at}
-            return httpx.Response(200, json={**info, "updating": self.updating})
+            transfer = WeightTransferState("tandem_file", True)
+            info = self.ledger.info(self.version, transfer)
+            return httpx.Response(200, content=msgspec.json.encode(info))
         if path == "/start_weight_update":
             if self.updating:
                 return conflict
-            self.updating, self.staged = True, None
-            return httpx.Response(200, json={"message": "Weight update started"})
+            told = UpdateId.parse(self._update_id) if self._update_id else None
+            uid = self.ledger.start(told)
+            self.staged = {}
+            return httpx.Response(200, json={"message": "started", "update_id": str(uid)})
         if path == "/update_weights":
             if not self.updating:
                 return conflict
-            self.staged = body["update_info"]["path"]
+            info = body["update_info"]
+            names = info.get("names", TENSORS)
+            self.staged.update(dict.fromkeys(names, info["path"]))
+            self.ledger.chunk(names)
             return httpx.Response(200, json={"message": "Weights updated"})
         if path == "/finish_weight_update":
             if not self.updating:
                 return conflict
-            self.updating = False
-            if self.staged is not None:
-                self.weights = self.staged
+            self.tensors.update(self.staged)
+            self.ledger.finished()
             if body.get("weight_version") is not None:
                 self.version = body["weight_version"]
-            self.updated_at = float(next(_clock))
             return httpx.Response(200, json={"message": "Weight update finished"})
         if path == "/abort_weight_update":
-            aborted, self.updating, self.staged = self.updating, False, None
+            aborted = self.updating
+            self.ledger.ended(loaded_in_place=False)
+            self.staged = {}
             return httpx.Response(200, json={"message": "aborted", "aborted": aborted})
         if path == "/inference/v1/generate":
             self.generated.append(f"{self.version}:{self.weights}")
@@ -112,10 +141,21 @@ class GenNode:
             return httpx.Response(200, json={"status": "ok"})
         return _error(404, "not_found", path)
 
+    def catch_up(self) -> None:
+        """The step the node was slow to do (fault ``defer``) is done now."""
+        request, self.deferred = self.deferred, None
+        self.fail.clear()
+        self._update_id = request.headers.get(UPDATE_ID_HEADER)
+        self._answer(request.url.path, json.loads(request.content) if request.content else {})
+
     def lying(self) -> list[str]:
         """Completions labelled with a version other than the weights that computed them
         (weights are named after the version they were pushed as)."""
         return [g for g in self.generated if g.split(":")[0] != g.split(":")[1]]
+
+    def computed_with(self) -> set[str]:
+        """The weights its completions were computed with."""
+        return {g.split(":")[1] for g in self.generated}
 
 
 class GenFleet(httpx.AsyncBaseTransport):

@@ -147,6 +147,7 @@ def test_wire_public_api_is_pinned():
             "UnsupportedExtType",
             "UnsupportedWireTransform",
             "UsageInfo",
+            "WEIGHT_VERSIONS_HEADER",
             "WIRE_DTYPES",
             "WIRE_TRANSFORMS_HEADER",
             "WeightVersionSpan",

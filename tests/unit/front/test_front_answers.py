@@ -1,6 +1,7 @@
 """The door's OpenAI answers, written by vLLM's own code (the tiny model's tokenizer) over crafted
 render and generate answers: tool calls and reasoning through the parsers, echo, completions'
-k + 1 logprob candidates, prompt logprobs, stop strings, and when a stream's first chunk goes."""
+k + 1 logprob candidates, prompt logprobs, stop strings, when a stream's first chunk goes, and
+generate's weight versions on each choice for a caller that asks."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from starlette.routing import Route
 
 from tandem_front.app import create_app
 from tandem_front.settings import FrontSettings
-from tandem_wire import GenerateRequest
+from tandem_wire import WEIGHT_VERSIONS_HEADER, GenerateRequest
 from tests.support.asgi import AsgiCall, app_client
 from tests.support.parser_model import parser_model
 
@@ -145,10 +146,12 @@ def ended(tokenizer, text: str) -> list[int]:
     return [*ids(tokenizer, text), tokenizer.eos_token_id]
 
 
-async def post(answers, transport: Pair, path: str, body: dict[str, Any]) -> httpx.Response:
+async def post(
+    answers, transport: Pair, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> httpx.Response:
     app = create_app(_settings("m"), answers, transport)
     async with app_client(app) as c:
-        return await c.post(path, json={"model": "m", **body})
+        return await c.post(path, json={"model": "m", **body}, headers=headers)
 
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -362,3 +365,174 @@ async def test_a_body_vllm_refuses_is_a_400_before_render(plain, path, body):
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request"
     assert t.generated == []
+
+
+# -- weight versions on each choice, for a caller that asks ----------------------------------
+
+ASK = {WEIGHT_VERSIONS_HEADER: "true"}
+TWO = {"max_tokens": 2, "n": 2}
+ROUTES = [
+    ("/v1/chat/completions", {**CHAT, "n": 2}),
+    ("/v1/completions", {"prompt": ["a", "b"], "n": 2}),  # two prompts: answer choices 0..3
+]
+
+
+def versions(p: int, i: int) -> list[dict[str, Any]]:
+    """Generate's spans of prompt ``p``'s choice ``i``: choice 1 was sampled across an update."""
+    if i == 0:
+        return [{"version": f"p{p}-old", "start": 0, "end": 2}]
+    return [
+        {"version": f"p{p}-old", "start": 0, "end": 1},
+        {"version": f"p{p}-new", "start": 1, "end": 2},
+    ]
+
+
+def answer_versions(k: int) -> list[dict[str, Any]]:
+    """What the door's answer choice ``k`` must carry: vLLM numbers prompt p's n = 2 choices
+    from 2p (a chat has one prompt)."""
+    return versions(k // 2, k % 2)
+
+
+def _prompt(gen: dict[str, Any]) -> int:
+    rid = gen["request_id"]  # completions: cmpl-<id>-<prompt>; chat: chatcmpl-<id>
+    return int(rid.rsplit("-", 1)[1]) if rid.startswith("cmpl-") else 0
+
+
+def whole_with_versions(gen: dict[str, Any]) -> httpx.Response:
+    p = _prompt(gen)
+    choices = [_last(i, [75 + i, 77], versions(p, i)) for i in (0, 1)]
+    return whole(*choices)(gen)
+
+
+def _last(index: int, tokens: list[int], spans: list[dict[str, Any]]) -> dict[str, Any]:
+    """A choice's last (or only) output from generate: its spans ride on it."""
+    return {
+        "index": index,
+        "token_ids": tokens,
+        "finish_reason": "length",
+        "weight_versions": spans,
+    }
+
+
+def streamed_with_versions(gen: dict[str, Any]) -> httpx.Response:
+    """Choice 1 ends before choice 0; as generate's, the spans ride on each choice's last
+    event only, and its last tokens with them."""
+    p = _prompt(gen)
+    return streamed(
+        [{"index": 0, "token_ids": [75]}, {"index": 1, "token_ids": [76]}],
+        [_last(1, [77], versions(p, 1))],
+        [_last(0, [78], versions(p, 0))],
+    )(gen)
+
+
+def _without(document: dict[str, Any]) -> dict[str, Any]:
+    """An answer or chunk without what differs between two calls (its id, its time) and
+    without ``weight_versions``."""
+    out = {k: v for k, v in document.items() if k not in ("id", "created")}
+    out["choices"] = [
+        {k: v for k, v in c.items() if k != "weight_versions"} for c in document["choices"]
+    ]
+    return out
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES, ids=["chat", "completions"])
+async def test_a_whole_answer_carries_each_choices_spans_when_asked(plain, path, body):
+    asked = await post(plain, Pair(whole_with_versions, TWO), path, body, ASK)
+    assert asked.status_code == 200, asked.text
+    choices = asked.json()["choices"]
+    assert len(choices) == (2 if path.startswith("/v1/chat") else 4)
+    for choice in choices:
+        assert choice["weight_versions"] == answer_versions(choice["index"])
+    # Not asked: vllm serve's answer, the same but for the field, which no choice has.
+    plain_answer = (await post(plain, Pair(whole_with_versions, TWO), path, body)).json()
+    assert all("weight_versions" not in c for c in plain_answer["choices"])
+    assert _without(plain_answer) == _without(asked.json())
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES, ids=["chat", "completions"])
+async def test_a_stream_carries_each_choices_spans_on_the_chunk_that_finishes_it(plain, path, body):
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    asked = await post(plain, Pair(streamed_with_versions, TWO), path, body, ASK)
+    assert asked.status_code == 200, asked.text
+    chunks = events(asked.content)
+    assert chunks[-1] == "[DONE]"
+    finished = []
+    for chunk in chunks[:-1]:
+        for choice in chunk["choices"]:
+            if choice.get("finish_reason") is None:
+                assert "weight_versions" not in choice  # only on the finishing chunk
+            else:
+                assert choice["weight_versions"] == answer_versions(choice["index"])
+                finished.append(choice["index"])
+    assert sorted(finished) == list(range(2 if path.startswith("/v1/chat") else 4))
+    assert chunks[-2]["choices"] == [] and "usage" in chunks[-2]  # the usage chunk, untouched
+    # Not asked: the same chunks, none with the field.
+    plain_stream = await post(plain, Pair(streamed_with_versions, TWO), path, body)
+    plain_chunks = events(plain_stream.content)
+    assert b"weight_versions" not in plain_stream.content
+    assert [_without(c) for c in plain_chunks[:-1]] == [_without(c) for c in chunks[:-1]]
+
+
+async def test_a_choice_generate_gave_no_spans_for_answers_null_when_asked(plain):
+    t = Pair(whole({"index": 0, "token_ids": [75], "finish_reason": "length"}))
+    r = await post(plain, t, "/v1/chat/completions", CHAT, {WEIGHT_VERSIONS_HEADER: "TRUE"})
+    assert r.json()["choices"][0]["weight_versions"] is None
+
+
+async def test_a_choice_aborted_before_its_first_token_has_its_spans_only_in_a_whole_answer(
+    plain,
+):
+    aborted = {"index": 1, "token_ids": [], "finish_reason": "abort", "weight_versions": []}
+    r = await post(
+        plain, Pair(whole(_last(0, [75], versions(0, 0)), aborted), TWO), *ROUTES[0], ASK
+    )
+    assert [c["weight_versions"] for c in r.json()["choices"]] == [versions(0, 0), []]
+    # As vllm serve: no chunk for a choice with no output, so none to carry its (empty) spans.
+    body = {**ROUTES[0][1], "stream": True}
+    stream = streamed(
+        [{"index": 0, "token_ids": [75]}], [aborted], [_last(0, [78], versions(0, 0))]
+    )
+    chunks = events((await post(plain, Pair(stream, TWO), ROUTES[0][0], body, ASK)).content)
+    ending = [c for ch in chunks[:-1] for c in ch["choices"] if c.get("finish_reason")]
+    assert [(c["index"], c["weight_versions"]) for c in ending] == [(0, versions(0, 0))]
+
+
+@pytest.mark.parametrize("value", ["false", "1", ""])
+async def test_only_true_asks_for_spans(plain, value):
+    r = await post(
+        plain, Pair(whole_with_versions, TWO), *ROUTES[0], {WEIGHT_VERSIONS_HEADER: value}
+    )
+    assert all("weight_versions" not in c for c in r.json()["choices"])
+
+
+async def test_the_openai_sdk_reads_each_choices_spans(plain):
+    """The released SDK keeps a field it does not know: ``model_extra`` and attribute access,
+    whole and streamed."""
+    import openai
+
+    app = create_app(_settings("m"), plain, Pair(whole_with_versions, TWO))
+    async with app_client(app) as c:
+        sdk = openai.AsyncOpenAI(base_url="http://app/v1", api_key="none", http_client=c)
+        answer = await sdk.chat.completions.create(
+            model="m", messages=CHAT["messages"], n=2, extra_headers=ASK
+        )
+        for choice in answer.choices:
+            assert choice.model_extra is not None
+            assert choice.model_extra["weight_versions"] == answer_versions(choice.index)
+            assert choice.weight_versions == answer_versions(choice.index)  # type: ignore[attr-defined]
+        plain_answer = await sdk.chat.completions.create(model="m", messages=CHAT["messages"], n=2)
+        assert all("weight_versions" not in (c.model_extra or {}) for c in plain_answer.choices)
+
+    app = create_app(_settings("m"), plain, Pair(streamed_with_versions, TWO))
+    async with app_client(app) as c:
+        sdk = openai.AsyncOpenAI(base_url="http://app/v1", api_key="none", http_client=c)
+        stream = await sdk.completions.create(
+            model="m", prompt=["a", "b"], n=2, stream=True, extra_headers=ASK
+        )
+        got = {
+            choice.index: (choice.model_extra or {}).get("weight_versions")
+            async for chunk in stream
+            for choice in chunk.choices
+            if choice.finish_reason is not None
+        }
+    assert got == {k: answer_versions(k) for k in range(4)}

@@ -186,13 +186,19 @@ async def test_weight_info_lists_every_node_s_version():
         fleet.down.add("g1")
         r = await c.get("/weight_info")
 
-    def listed(*versions):
-        return [
-            {"url": f"http://g{i + 1}", "weight_version": v, "fenced": False}
-            for i, v in enumerate(versions)
-        ]
+    def listed(answer):
+        return [(n["url"], n["weight_version"], n["fenced"], n["reason"]) for n in answer["nodes"]]
 
-    assert agreed == {"weight_version": "step-3", "nodes": listed("step-3", "step-3"), "fenced": []}
-    assert split == {"weight_version": None, "nodes": listed("step-3", "step-2"), "fenced": []}
-    # A node that does not answer is listed without a version (not an error: it is a report).
-    assert r.status_code == 200 and r.json()["nodes"] == listed(None, "step-2")
+    # Nodes that report only a label (upstream vLLM's /weight_info) hold the weights it names.
+    assert agreed["weight_version"] == "step-3" and agreed["fenced"] == []
+    assert listed(agreed) == [
+        ("http://g1", "step-3", False, None),
+        ("http://g2", "step-3", False, None),
+    ]
+    # Two labels and no update behind either: one set of weights is the fleet's (the same on
+    # every router), the other node is fenced and says why.
+    assert split["weight_version"] == "step-3" and split["fenced"] == ["http://g2"]
+    assert listed(split)[1] == ("http://g2", "step-2", True, "other_weights")
+    # A node that does not answer is listed as last known (a report, not an error): within the
+    # node timeout it still counts.
+    assert r.status_code == 200 and listed(r.json())[0] == ("http://g1", "step-3", False, None)

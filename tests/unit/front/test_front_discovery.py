@@ -216,12 +216,16 @@ async def test_the_door_looks_the_name_up_again_on_its_own():
     assert new.generated
 
 
-async def test_the_first_lookup_s_nodes_are_the_fleet_whatever_their_versions():
-    net = Network(["10.0.0.1"], version="a")
-    net.start("10.0.0.2", "b")
-    net.answer = ["10.0.0.1", "10.0.0.2"]
+async def test_the_first_lookup_s_nodes_serve_when_they_hold_the_same_weights():
+    net = Network(["10.0.0.1", "10.0.0.2"], version="a")
     async with door(net) as c:
         assert set((await placement(c)).values()) == {"10.0.0.1", "10.0.0.2"}
+    # On two sets of weights, only one set serves, the same on every router.
+    net = Network(["10.0.0.1", "10.0.0.2", "10.0.0.3"], version="a")
+    net.nodes["10.0.0.2"].version = "b"
+    async with door(net) as c:
+        await c.get("/weight_info")
+        assert set((await placement(c)).values()) == {"10.0.0.1", "10.0.0.3"}
 
 
 def test_bad_node_specs_are_refused_with_the_entry_named():

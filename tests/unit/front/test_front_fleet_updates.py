@@ -128,31 +128,71 @@ async def test_a_node_that_fails_after_the_other_loaded_is_fenced_until_it_holds
     assert a.lying() == [] and b.lying() == []
 
 
-async def test_a_fenced_node_that_reports_the_fleet_version_is_unfenced():
+async def push_unlabelled(c, version: str, names: list[str] | None = None) -> list:
+    """TRL's sequence: start, one chunk, finish with an empty body (the label stays)."""
+    info = {"path": version, **({"names": names} if names else {})}
+    steps = []
+    for path, body in (
+        ("/start_weight_update", {}),
+        ("/update_weights", {"update_info": info}),
+        ("/finish_weight_update", {}),
+    ):
+        r = await c.post(path, json=body)
+        steps.append((r.status_code, r.json()))
+    return steps
+
+
+async def test_unlabelled_updates_fence_by_what_each_node_loaded():
+    # TRL finishes with {}: every label stays "v0", so labels cannot tell A from B.
     a, b = GenNode("g1"), GenNode("g2")
     b.fail["update_weights"] = "refuse"
     f = GenFleet(a, b)
     async with app_client(door(f)) as c:
-        await push(c, "v1")
+        steps = await push_unlabelled(c, "u1")
+        assert [s for s, _ in steps] == [200, 502, 502]
+        assert (a.version, a.weights, b.version, b.weights) == ("v0", "u1", "v0", "v0")
+        info = (await c.get("/weight_info")).json()
+        assert info["fenced"] == ["http://g2"]
+        [node_b] = [n for n in info["nodes"] if n["url"] == "http://g2"]
+        assert (node_b["reason"], node_b["weight_version"]) == ("other_weights", "v0")
+        assert node_b["missed_seqs"] == [1] and info["applied_seqs"] == [1]
+        b.generated.clear()
+        assert set(await generate_many(c)) == {200}
+        assert b.generated == [] and a.computed_with() == {"u1"}
+
+
+async def test_a_fenced_node_rejoins_only_once_every_tensor_it_missed_is_written_again():
+    a, b = GenNode("g1"), GenNode("g2")
+    f = GenFleet(a, b)
+    head, layer = ["lm_head.weight"], ["model.layers.0.mlp.weight", "lm_head.weight"]
+    async with app_client(door(f)) as c:
+        b.fail["update_weights"] = "refuse"
+        await push_unlabelled(c, "u1", layer)  # B misses a layer and the head
+        b.fail.clear()
+        # The head alone reaches both: B still holds the old layer, and stays fenced.
+        assert [s for s, _ in await push_unlabelled(c, "u2", head)] == [200, 200, 200]
+        assert b.tensors != a.tensors
         assert (await c.get("/weight_info")).json()["fenced"] == ["http://g2"]
-        # Someone brings B to v1 directly (e.g. its own trainer call).
-        b.version = b.weights = "v1"
-        b.updated_at = a.updated_at
-        assert (await c.get("/weight_info")).json()["fenced"] == []
-        before = len(b.generated)
+        b.generated.clear()
         await generate_many(c)
-        assert len(b.generated) > before
+        assert b.generated == []
+        # Now the layer too: every tensor B missed has been written since; it serves again.
+        assert [s for s, _ in await push_unlabelled(c, "u3", layer[:1])] == [200, 200, 200]
+        assert b.tensors == a.tensors
+        assert (await c.get("/weight_info")).json()["fenced"] == []
+        await generate_many(c)
+        assert b.generated
 
 
 async def test_a_node_fenced_by_a_read_during_an_update_is_let_back_in_soon():
     # The door's own period is an hour here: only the early re-check can unfence B in time.
     a, b = GenNode("g1"), GenNode("g2")
-    b.fail["update_weights"] = "refuse"
+    b.fail["finish_weight_update"] = "defer"  # B is slow: it finishes after the door's read
     f = GenFleet(a, b)
     async with app_client(door(f)) as c:
         await push(c, "v1")  # the finish's read: A on v1, B behind, fenced
-        b.version = b.weights = "v1"  # the update reaches B after all (as a slower node's)
-        b.updated_at = a.updated_at
+        assert (await c.get("/weight_info")).json()["fenced"] == ["http://g2"]
+        b.catch_up()  # the update reaches B after all
         before = len(b.generated)
         deadline = time.monotonic() + 30
         while len(b.generated) == before and time.monotonic() < deadline:
@@ -162,16 +202,37 @@ async def test_a_node_fenced_by_a_read_during_an_update_is_let_back_in_soon():
     assert a.lying() == [] and b.lying() == []
 
 
-async def test_with_the_fleet_version_s_nodes_down_a_fenced_node_still_gets_nothing():
+async def test_with_the_fleet_s_node_unreachable_a_fenced_node_gets_nothing_until_it_is_gone():
     a, b = GenNode("g1"), GenNode("g2")
-    a.fail["finish_weight_update"] = "refuse"
+    a.fail["update_weights"] = "refuse"
     f = GenFleet(a, b)
-    async with app_client(door(f)) as c:
-        await push(c, "v1")  # B holds v1, A failed its finish: A fenced
+    s = settings(
+        generate_urls=("http://g1", "http://g2"),
+        fence_poll_s=3600.0,
+        node_cooldown_s=0.0,
+        node_timeout_s=0.3,
+    )
+    async with app_client(create_app(s, Texts(), f)) as c:
+        await push(c, "v1")  # B holds v1, A failed its chunk: A fenced
+        a.fail.clear()
         b.down = True
         r = await c.post("/inference/v1/generate", json={"token_ids": [1], "sampling_params": {}})
-    assert r.status_code == 503  # rather than A's old weights
-    assert a.generated == []
+        assert r.status_code == 503  # rather than A's old weights, while B may come back
+        assert a.generated == []
+        await anyio.sleep(0.4)  # B unreachable past the node timeout: it has left the fleet
+        await c.get("/weight_info")
+        assert set(await generate_many(c)) == {200}
+        assert a.computed_with() == {"v0"}
+        # The next update goes on without B, and A serves it.
+        assert [s for s, _ in await push(c, "v2")] == [200, 200, 200]
+        a.generated.clear()
+        await generate_many(c)
+        assert a.computed_with() == {"v2"}
+        # B comes back restarted on its checkpoint: fenced (it holds neither v1 nor v2).
+        b.restart()
+        info = (await c.get("/weight_info")).json()
+        assert info["fenced"] == ["http://g2"] and info["weight_version"] == "v2"
+    assert a.lying() == [] and b.lying() == []
 
 
 async def test_a_finish_whose_answer_is_lost_names_the_node_but_fences_it_only_if_behind():

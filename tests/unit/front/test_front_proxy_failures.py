@@ -194,7 +194,7 @@ def _event(doc: dict) -> bytes:
 class Texts:
     """The answer side of the OpenAI routes, standing in for vLLM's."""
 
-    def plan(self, body: dict, chat: bool) -> _Plan:
+    def plan(self, body: dict, chat: bool, *, weight_versions: bool = False) -> _Plan:
         return _Plan(body, chat)
 
     def saw_fingerprint(self, fingerprint: str) -> None:

@@ -122,11 +122,14 @@ async def test_update_gives_the_tokens_of_an_engine_loaded_from_the_new_checkpoi
         assert before["choices"][0]["weight_versions"] == [
             {"version": "default", "start": 0, "end": 8}
         ]
+        first = (await c.get("/weight_info")).json()
         await push(c, str(update), "step-1")  # an absolute path inside the folder
         after = await post(c, req)
         info = (await c.get("/weight_info")).json()
         assert info["weight_version"] == "step-1" and not info["updating"]
-        assert isinstance(info["updated_at"], float)  # what routers tell the fleet's version by
+        # What routers judge by: the update it applied, and a new digest of what it holds.
+        assert info["applied_seqs"][0] == info["update_seq"] == first["seen_seq"] + 1
+        assert info["weights_id"] != first["weights_id"] and info["unclean"] is None
     assert tokens(after) == expected
     assert tokens(after) != tokens(before)
     assert after["choices"][0]["weight_versions"] == [{"version": "step-1", "start": 0, "end": 8}]
@@ -205,7 +208,7 @@ async def test_an_aborted_update_loads_nothing_and_ends_the_update(
     req = await render(qwen2_renderer, qwen2_dir, [3], **GREEDY)
     async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
         before = tokens(await post(c, req))
-        stamp = (await c.get("/weight_info")).json()["updated_at"]
+        held = (await c.get("/weight_info")).json()["weights_id"]
         assert (await c.post("/start_weight_update", json={})).status_code == 200
         r = await c.post("/update_weights", json={"update_info": {"path": update.name}})
         assert r.status_code == 200, r.text
@@ -216,10 +219,10 @@ async def test_an_aborted_update_loads_nothing_and_ends_the_update(
         r = await c.post("/finish_weight_update", json={"weight_version": "step-1"})
         assert (r.status_code, r.json()["error"]["type"]) == (409, "weight_update_conflict")
         info = (await c.get("/weight_info")).json()
-        assert (info["weight_version"], info["updating"], info["updated_at"]) == (
+        assert (info["weight_version"], info["updating"], info["weights_id"]) == (
             "default",
             False,
-            stamp,
+            held,
         )
         assert tokens(await post(c, req)) == before
         assert (await c.post("/abort_weight_update")).json()["aborted"] is False

@@ -1,0 +1,149 @@
+"""The fault table of docs/rl.md, made by running each fault:
+``python -m tests.support.fault_table`` prints it, ``--write`` puts it into the page (between
+its ``fault-table`` markers).
+
+A weight update through the front door over two generate nodes, A and B, with one fault on B
+at one step: B refuses the step, times out on it, is killed at it, or is killed and comes back
+(restarted on its checkpoint) once the update is over; the trainer sends every step (start,
+one chunk, finish) unless the start fails, with a label (``{"weight_version": "new"}``) or
+without (``{}``, as TRL does). The nodes are the stand-ins of ``tests/support/fleet_nodes``,
+which keep the real node record (``tandem_generate.weight_ledger``); the door is the real one,
+in-process. ``tests/unit/front/test_fleet_fault_table.py`` checks the page against a new run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from pathlib import Path
+
+from tandem_client.routing import ROUTE_KEY_HEADER
+from tandem_front.app import create_app
+from tandem_front.settings import FrontSettings
+from tests.support.asgi import app_client
+from tests.support.fleet_nodes import GenFleet, GenNode
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
+BEGIN, END = "<!-- fault-table -->", "<!-- /fault-table -->"
+
+STEPS = ("start_weight_update", "update_weights", "finish_weight_update")
+FAULTS = {"refuses": "refuse", "times out": "timeout", "is killed": "down", "comes back": "down"}
+
+
+class _NoRender:
+    """The door's tokenizer stand-in: the table uses its generate side only."""
+
+
+def _door(fleet: GenFleet) -> object:
+    settings = FrontSettings(
+        render_urls=("http://r",),
+        generate_urls=("http://g1", "http://g2"),
+        model="m",
+        enable_control_routes=True,
+        fence_poll_s=3600.0,
+        node_cooldown_s=0.0,
+    )
+    return create_app(settings, _NoRender(), fleet)
+
+
+async def _scenario(step: str, fault: str, labelled: bool) -> dict[str, str]:
+    a, b = GenNode("g1", "old"), GenNode("g2", "old")
+    b.fail[step] = FAULTS[fault]
+    async with app_client(_door(GenFleet(a, b))) as c:
+        seen = []
+        finish = {"weight_version": "new"} if labelled else {}
+        for path, body in (
+            ("/start_weight_update", {}),
+            ("/update_weights", {"update_info": {"path": "new"}}),
+            ("/finish_weight_update", finish),
+        ):
+            r = await c.post(path, json=body)
+            seen.append(_seen(r.status_code, r.json()))
+            if path == "/start_weight_update" and r.status_code != 200:
+                break
+        if fault == "comes back":
+            b.restart("old")  # a new process on its checkpoint
+        b.fail.clear()
+        info = (await c.get("/weight_info")).json()
+        for i in range(24):
+            body = {"token_ids": [1], "sampling_params": {}}
+            await c.post("/inference/v1/generate", json=body, headers={ROUTE_KEY_HEADER: str(i)})
+    reason = {n["url"]: n["reason"] for n in info["nodes"]}["http://g2"]
+    labels = {g.split(":")[0] for g in a.generated + b.generated}
+    return {
+        "caller": " · ".join(seen),
+        "A": a.weights if not a.updating else f"{a.weights} (mid-update)",
+        "B": "down" if b.down else b.weights + (" (restarted)" if fault == "comes back" else ""),
+        "B serves": "yes" if reason is None else f"no: {reason}",
+        "label": "/".join(sorted(labels)),
+        "served": "/".join(sorted(g.split(":")[1] for g in set(a.generated + b.generated))),
+    }
+
+
+def _seen(status: int, body: dict) -> str:
+    if status == 200:
+        return "200"
+    failed = body.get("error", {}).get("details", {}).get("failed", [])
+    named = ", ".join(f"B {f['type']}" for f in failed if f["url"] == "http://g2")
+    return f"{status} ({named})" if named else str(status)
+
+
+async def rows() -> list[str]:
+    out = []
+    for step in STEPS:
+        for fault in FAULTS:
+            labelled = await _scenario(step, fault, True)
+            bare = await _scenario(step, fault, False)
+            # Labels aside, the two runs must agree: labels decide nothing.
+            assert {k: v for k, v in labelled.items() if k != "label"} == {
+                k: v for k, v in bare.items() if k != "label"
+            }, (step, fault, labelled, bare)
+            name = step.removesuffix("_weight_update").removesuffix("_weights")
+            cells = (
+                name if fault == "refuses" else "",
+                f"B {fault}",
+                labelled["caller"],
+                labelled["A"],
+                labelled["B"],
+                labelled["B serves"],
+                labelled["served"],
+                f"{labelled['label']} / {bare['label']}",
+            )
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def table() -> str:
+    head = (
+        "| step | fault | the caller sees (start · update · finish) | A holds | B holds "
+        "| B gets requests | answers computed with | their label (labelled / unlabelled) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    return head + "\n".join(asyncio.run(rows())) + "\n"
+
+
+_BLOCK = re.compile(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), re.S)
+
+
+def in_page(text: str) -> str:
+    """The table as the page holds it ("" when it holds none)."""
+    found = _BLOCK.search(text)
+    return found.group(1) if found else ""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help=f"write the table into {PAGE.name}")
+    made = table()
+    if not p.parse_args().write:
+        print(made, end="")
+        return
+    text = PAGE.read_text()
+    if _BLOCK.search(text) is None:
+        raise SystemExit(f"{PAGE} has no {BEGIN} ... {END} block")
+    PAGE.write_text(_BLOCK.sub(lambda _: f"{BEGIN}\n{made}{END}", text))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""``tandem_client.fleet.judge``: which weights are the fleet's and which nodes may serve,
+from the nodes' own ``/weight_info`` answers (as ``tandem_generate.weight_ledger`` makes them)."""
+
+from __future__ import annotations
+
+from tandem_client.fleet import Node, judge
+from tandem_generate.weight_ledger import WeightLedger
+from tandem_wire.control import UpdateId, WeightTransferState
+
+NAMES = frozenset({"a.weight", "b.weight"})
+FILE = WeightTransferState("tandem_file", True)
+
+
+def ledger() -> WeightLedger:
+    return WeightLedger("model@", lambda: NAMES)
+
+
+def apply(led: WeightLedger, seq: int, names: set[str], token: str = "0a0b0c0d") -> None:
+    led.start(UpdateId(seq, token))
+    led.chunk(names)
+    led.finished()
+
+
+def node(url: str, led: WeightLedger, transfer: WeightTransferState = FILE) -> Node:
+    import msgspec
+
+    n = Node(url)
+    assert n.learn(msgspec.to_builtins(led.info("default", transfer)))
+    return n
+
+
+def test_the_node_with_the_newest_update_holds_the_fleet_s_weights_whatever_the_labels():
+    a, b = ledger(), ledger()
+    apply(a, 1, {"a.weight"})
+    view = judge([node("a", a), node("b", b)], now=0.0, node_timeout_s=10)
+    assert view.reference is not None and view.reference.url == "a"
+    assert view.reasons == {"a": None, "b": "other_weights"}
+
+
+def test_a_node_that_missed_an_update_serves_once_what_it_missed_is_written_again():
+    a, b = ledger(), ledger()
+    apply(a, 1, {"a.weight", "b.weight"})  # B missed both tensors
+    apply(a, 2, {"a.weight"})
+    apply(b, 2, {"a.weight"})
+    assert judge([node("a", a), node("b", b)], 0.0, 10).reasons["b"] == "other_weights"
+    apply(a, 3, {"b.weight"})
+    apply(b, 3, {"b.weight"})
+    view = judge([node("a", a), node("b", b)], 0.0, 10)
+    assert view.reasons == {"a": None, "b": None}
+    # B lacks update 1 in its history, yet holds the same weights: it serves.
+    assert view.missed(node("b", b)) == [1]
+
+
+def test_a_node_unreachable_past_the_timeout_leaves_the_fleet():
+    a, b = ledger(), ledger()
+    apply(a, 1, {"a.weight"})
+    na, nb = node("a", a), node("b", b)
+    na.cool_down(now=100.0, seconds=1.0)  # A stopped answering at t=100
+    assert judge([na, nb], now=105.0, node_timeout_s=10).reasons == {
+        "a": None,
+        "b": "other_weights",
+    }
+    view = judge([na, nb], now=111.0, node_timeout_s=10)
+    assert view.reasons == {"a": "unreachable", "b": None} and view.reference is nb
+    na.reached()
+    assert judge([na, nb], now=112.0, node_timeout_s=10).reference is na
+
+
+def test_an_unclean_node_serves_nothing_and_does_not_decide_the_fleet():
+    a, b = ledger(), ledger()
+    apply(a, 1, {"a.weight"})
+    a.mark_unclean("prefix_cache_not_reset")
+    view = judge([node("a", a), node("b", b)], 0.0, 10)
+    assert view.reasons == {"a": "unclean: prefix_cache_not_reset", "b": None}
+
+
+def test_a_node_outside_the_trainer_s_group_is_fenced_with_its_reason():
+    a, b, c = ledger(), ledger(), ledger()
+    ready, late = WeightTransferState("nccl", True), WeightTransferState("nccl", False)
+    none = WeightTransferState(None, False)
+    view = judge([node("a", a, ready), node("b", b, late), node("c", c, none)], 0.0, 10)
+    assert view.reasons == {"a": None, "b": "weight_transfer_not_initialized", "c": None}
+    # Before the trainer set its group up on any node, nobody is held back for it.
+    view = judge([node("a", a, late), node("b", b, late)], 0.0, 10)
+    assert view.reasons == {"a": None, "b": None}
+
+
+def test_a_node_that_never_told_serves_only_while_no_node_has():
+    a = ledger()
+    assert judge([Node("a"), Node("b")], 0.0, 10).reasons == {"a": None, "b": None}
+    view = judge([node("a", a), Node("b")], 0.0, 10)
+    assert view.reasons == {"a": None, "b": "weights_not_told"}
+
+
+def test_upstream_nodes_that_tell_a_label_only_are_judged_by_it():
+    a, b, c = Node("a"), Node("b"), Node("c")
+    for n, label in ((a, "x"), (b, "y"), (c, "y")):
+        assert n.learn({"weight_version": label})
+    assert judge([a, b, c], 0.0, 10).reasons == {"a": "other_weights", "b": None, "c": None}
+
+
+def test_routers_agree_on_the_same_answers_whatever_the_node_order():
+    leds = [ledger() for _ in range(4)]
+    apply(leds[0], 1, {"a.weight"}, "aaaaaaaa")
+    apply(leds[1], 1, {"b.weight"}, "aaaaaaaa")  # same seq, other tensors (unclean history)
+    nodes = [node(str(i), led) for i, led in enumerate(leds)]
+    first = judge(nodes, 0.0, 10).reference
+    assert first is not None
+    assert judge(list(reversed(nodes)), 0.0, 10).reference.url == first.url
