@@ -19,7 +19,10 @@ Chat and TRL requests are n=1 (greedy) or n=4 (seeded). Pass:
 - RSS of every process flat after warm-up (within max(64 MiB, 5%)), at the caches' default
   byte budgets (generate's item store and oneDNN's kernel cache at smaller ones, so that they
   fill during the run);
-- every 429 came when generate's queue was full (``--max-pending`` requests outstanding);
+- every 429 came from a process full by its own count (the pending requests or held bytes the
+  429 reports against its limits);
+- hostile clients mixed in: bodies that trickle (each answered 408 ``body_timeout``) and
+  compressed bodies that inflate to megabytes (answered, or refused 429 by the count);
 - every weight update succeeded and the last label is the one served at the end.
 Prints latency percentiles and req/s per time window and RSS per process, and writes a PNG plot
 and the raw numbers (JSON) to ``--out``.
@@ -42,10 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import psutil
 
 from tandem_client import AsyncTandemClient
 from tests.support.images import chat_body, data_url, png_bytes
+from tools.hostile import SlowBodies, inflating_body
 from tools.servers import ServerProcess, tandem_front, tandem_generate, tandem_render
 from tools.tiny_models import ensure_model
 
@@ -54,9 +59,12 @@ RSS_SLACK_RATIO = 0.05
 IMAGE_POOL = 8
 """Distinct images the "repeated" ones are drawn from."""
 MAX_429_RETRIES = 60
-RELEASE_LAG_S = 0.2
-"""A request answered this recently may still hold its slot on generate (a stream's slot is
-freed just after its last bytes leave; answers of one engine step leave together)."""
+HOSTILE_EVERY_S = 10.0
+"""A round of hostile clients this often (see ``Load.hostile_clients``)."""
+BODY_TIMEOUT_S = 30.0
+"""The services' default ``--body-timeout-s``: a trickling body is answered 408 after it."""
+INFLATED_BYTES = 8 * 2**20
+"""What each compressed hostile body inflates to (from ~1 KB)."""
 ROLLOUT_PROMPTS = 2
 GENERATE_ITEM_CACHE_BYTES = 256 * 2**20
 KINDS = ("chat", "chat", "trl", "trl", "rollout")
@@ -129,13 +137,33 @@ class Outcome:
 
 
 @dataclass
+class Hostile:
+    kind: str
+    """``slow`` (a body that trickles a byte a second) or ``compressed`` (a zstd generate body
+    that inflates to ``INFLATED_BYTES``)."""
+    status: int | None
+    expected: tuple[int, ...]
+
+
+@dataclass
 class Overload:
     at: float
     path: str
-    outstanding: int
-    """The most requests of the load outstanding at generate between sending and the 429."""
-    recent: int
-    """Those answered within ``RELEASE_LAG_S`` before it was sent."""
+    details: dict[str, Any] | None
+    """The refusal's own count (``tandem_http.AdmissionGate``): pending and held bytes of the
+    process that refused, against its limits, and the bytes the request wanted."""
+
+    @property
+    def justified(self) -> bool:
+        """Whether the refusing process was full by its own count when it refused."""
+        d = self.details or {}
+        pending, limit = d.get("pending"), d.get("max_pending")
+        if isinstance(pending, int) and isinstance(limit, int) and pending >= limit:
+            return True
+        held, wanted, budget = d.get("held_bytes"), d.get("wanted_bytes"), d.get("max_held_bytes")
+        if isinstance(held, int) and isinstance(wanted, int) and isinstance(budget, int):
+            return held + wanted > budget
+        return False
 
 
 class Stack:
@@ -214,49 +242,55 @@ async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
 class SlotWatch(httpx.AsyncBaseTransport):
     """Every HTTP request of the load goes through here: those that take a slot on generate are
     counted while outstanding (until their answer is closed), and each 429 is kept with the
-    most of them outstanding meanwhile (for the check that 429s came only from a full queue)."""
+    count it was refused on (for the check that 429s came only from a full process)."""
 
     def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
         self.inner = inner
         self.outstanding = 0
-        self._peaks: dict[object, int] = {}
         self.finished_at: list[float] = []
         self.overloads: list[Overload] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not request.url.path.endswith(GENERATING_PATHS):
-            return await self.inner.handle_async_request(request)
-        now = time.monotonic()
-        recent = sum(1 for t in self.finished_at[-64:] if now - t < RELEASE_LAG_S)
-        token = object()
-        self._peaks[token] = self.outstanding
-        self.outstanding += 1
-        for key, peak in self._peaks.items():
-            self._peaks[key] = max(peak, self.outstanding - 1)
+        if request.url.path.endswith(GENERATING_PATHS):
+            self.outstanding += 1
         try:
             response = await self.inner.handle_async_request(request)
         except BaseException:
-            self._release()
+            self._release(request)
             raise
-        finally:
-            peak = self._peaks.pop(token)
         if response.status_code == 429:
-            self.overloads.append(Overload(time.monotonic(), request.url.path, peak, recent))
-            self._release()
+            body = await response.aread()
+            details = _details(body, response.headers.get("content-type", ""))
+            self.overloads.append(Overload(time.monotonic(), request.url.path, details))
+            self._release(request)
+            return httpx.Response(429, headers=response.headers, content=body, request=request)
+        if not request.url.path.endswith(GENERATING_PATHS):
             return response
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         return httpx.Response(
             response.status_code,
             headers=response.headers,
-            stream=_Released(stream, self._release),
+            stream=_Released(stream, lambda: self._release(request)),
             extensions=response.extensions,
             request=request,
         )
 
-    def _release(self) -> None:
-        self.outstanding -= 1
-        self.finished_at.append(time.monotonic())
+    def _release(self, request: httpx.Request) -> None:
+        if request.url.path.endswith(GENERATING_PATHS):
+            self.outstanding -= 1
+            self.finished_at.append(time.monotonic())
+
+
+def _details(body: bytes, content_type: str) -> dict[str, Any] | None:
+    """A 429's ``error.details``, JSON or msgpack (None when it has none, or is not an error
+    body)."""
+    try:
+        doc = msgspec.msgpack.decode(body) if "msgpack" in content_type else json.loads(body)
+        details = doc["error"]["details"]
+    except (ValueError, KeyError, TypeError, msgspec.DecodeError):
+        return None
+    return details if isinstance(details, dict) else None
 
     async def aclose(self) -> None:
         pass  # shared by several clients: closed once, by its owner (Load.run)
@@ -293,6 +327,7 @@ class Load:
         self.fresh_seed = 10_000
         self.outcomes: list[Outcome] = []
         self.updates: list[dict[str, Any]] = []
+        self.hostile: list[Hostile] = []
         self._images: dict[int, bytes] = {}
         self._tokenizer: Any = None
         limits = httpx.Limits(max_connections=8 * cfg.concurrency)
@@ -384,9 +419,39 @@ class Load:
 
             await asyncio.gather(
                 self.update_weights(client, t0, deadline),
+                self.hostile_clients(deadline),
                 *(loop() for _ in range(self.cfg.concurrency)),
             )
         await self.watch.inner.aclose()
+
+    async def hostile_clients(self, deadline: float) -> None:
+        """Every ``HOSTILE_EVERY_S``: a compressed generate body through the door that inflates
+        to ``INFLATED_BYTES`` (answered, or refused 429 by the count), and while time is left
+        for their deadline, two chat bodies that trickle a byte a second into the door (each
+        answered 408 ``body_timeout``, their slots freed)."""
+        frame, _ = inflating_body(
+            {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 1}}, INFLATED_BYTES
+        )
+        headers = {"content-type": "application/json", "content-encoding": "zstd"}
+        slow: list[asyncio.Future[list[int | None]]] = []
+        async with httpx.AsyncClient(timeout=300) as http:
+            while time.monotonic() + HOSTILE_EVERY_S < deadline:
+                if time.monotonic() + BODY_TIMEOUT_S + HOSTILE_EVERY_S < deadline:
+                    slow.append(asyncio.ensure_future(asyncio.to_thread(self._trickle)))
+                r = await http.post(
+                    f"{self.front}/inference/v1/generate", content=frame, headers=headers
+                )
+                self.hostile.append(Hostile("compressed", r.status_code, (200, 429)))
+                await asyncio.sleep(HOSTILE_EVERY_S)
+        for statuses in await asyncio.gather(*slow):
+            self.hostile += [Hostile("slow", st, (408,)) for st in statuses]
+
+    def _trickle(self) -> list[int | None]:
+        with SlowBodies(self.front, "/v1/chat/completions", 2, every_s=1.0) as bodies:
+            limit = time.monotonic() + BODY_TIMEOUT_S + HOSTILE_EVERY_S
+            while bodies.holding and time.monotonic() < limit:
+                time.sleep(0.5)
+        return bodies.statuses
 
     async def update_weights(self, client: AsyncTandemClient, t0: float, deadline: float) -> None:
         """The served weights reloaded under a new label every period (the same numbers, so
@@ -658,11 +723,12 @@ def check(
     # What each server must have answered with 200, once each: every chat op is one render and
     # one generate request behind the door; a TRL op one of each through it; a rollout one
     # render request (its prompts in one batch) and one generate request per prompt.
+    inflated = sum(1 for h in load.hostile if h.kind == "compressed" and h.status == 200)
     expected = Counts(
-        generate=len(ok) - len(kinds["rollout"]) + rollout_prompts,
+        generate=len(ok) - len(kinds["rollout"]) + rollout_prompts + inflated,
         render=len(ok) + chat_refused,
         door_chat=len(kinds["chat"]),
-        door_generate=len(kinds["trl"]) + rollout_prompts,
+        door_generate=len(kinds["trl"]) + rollout_prompts + inflated,
         door_render=len(kinds["trl"]) + len(kinds["rollout"]),
     )
     for name, want in asdict(expected).items():
@@ -672,11 +738,13 @@ def check(
                 f"{name}: {got} requests answered 200 in the access log; {want} succeeded"
             )
     for x in load.watch.overloads:
-        if x.outstanding + x.recent < cfg.generate_max_pending:
+        if not x.justified:
             failures.append(
-                f"a 429 with at most {x.outstanding} requests outstanding and {x.recent} just "
-                f"answered (limit {cfg.generate_max_pending})"
+                f"a 429 on {x.path} its process's own count does not justify: {x.details}"
             )
+    for h in load.hostile:
+        if h.status not in h.expected:
+            failures.append(f"hostile {h.kind}: answered {h.status}, expected one of {h.expected}")
     due = math.ceil(cfg.seconds / cfg.weight_every_s - 0.5)  # at 0.5, 1.5, ... periods
     if len(load.updates) < due:
         failures.append(f"{len(load.updates)} weight updates ran; {due} were due")

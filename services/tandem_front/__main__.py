@@ -6,7 +6,13 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from tandem_http import ADMIN_KEY_ENV, keys_from_env, serve_settings, settings_from_cli
+from tandem_http import (
+    ADMIN_KEY_ENV,
+    add_body_deadline_flags,
+    keys_from_env,
+    serve_settings,
+    settings_from_cli,
+)
 from tandem_http.draining import KEEP_ALIVE_S
 from tandem_vllm.parser_flags import add_parser_flags, check_parser_flags
 
@@ -165,6 +171,7 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         help="bytes of request bodies one worker holds before answering 429 (default: a "
         "quarter of the memory limit, cgroup or RAM, shared among the workers; 0: no budget)",
     )
+    add_body_deadline_flags(p)
     p.add_argument(
         "--upstream-keepalive-s",
         type=float,

@@ -7,7 +7,8 @@ import asyncio
 import msgspec
 
 from tandem_client.routing import affinity_key
-from tandem_wire import IDENTITY, MalformedBody, WireFormat, decode_body, new_request_id
+from tandem_http import Slot, decoded
+from tandem_wire import IDENTITY, MalformedBody, WireFormat, new_request_id
 
 __all__ = ["INLINE_HEAD_BYTES", "generate_route"]
 
@@ -44,26 +45,31 @@ def _head(body: bytes, fmt: WireFormat) -> _Head | None:
 
 
 async def generate_route(
-    route_key: str | None, body: bytes, coding: str, fmt: WireFormat, max_bytes: int
+    route_key: str | None,
+    body: bytes,
+    coding: str,
+    fmt: WireFormat,
+    max_bytes: int,
+    slot: Slot | None = None,
 ) -> tuple[str, str | None]:
     """(routing key, ``request_id``) of a generate request, with the least work on its body.
 
     The route-key header marks a Tandem client (TRL's ``VLLMClient`` never sends it, nor
     compresses): its key is taken as is and the body is not touched at all, not even decoded,
     so its id is not read (None: not a TRL request). Without the header the body's head gives
-    both (decoded first if compressed, capped at ``max_bytes``); msgspec skips the tensors.
+    both (decoded first if compressed, capped at ``max_bytes`` and charged to ``slot`` while
+    it is read, see ``tandem_http.decoded``); msgspec skips the tensors.
     """
     if route_key:
         return route_key, None
     if coding == IDENTITY and len(body) <= INLINE_HEAD_BYTES:
         return _route_of_head(_head(body, fmt))
-    return await asyncio.to_thread(_route_of_body, body, coding, fmt, max_bytes)
-
-
-def _route_of_body(
-    body: bytes, coding: str, fmt: WireFormat, max_bytes: int
-) -> tuple[str, str | None]:
-    return _route_of_head(_head(decode_body(body, coding, max_bytes), fmt))
+    plain = await decoded(slot, body, coding, max_bytes)
+    try:
+        return _route_of_head(await asyncio.to_thread(_head, plain, fmt))
+    finally:
+        if slot is not None and plain is not body:
+            slot.give_back(len(plain))  # only the head was wanted: the copy is dropped now
 
 
 def _route_of_head(head: _Head | None) -> tuple[str, str | None]:

@@ -19,6 +19,7 @@ from tandem_client.routing import ROUTE_KEY_HEADER
 from tandem_http import (
     CONTROL_BODY_BYTES,
     AdmissionGate,
+    BodyDeadline,
     ControlAccess,
     admitted,
     body_chunks,
@@ -29,6 +30,7 @@ from tandem_http import (
     read_body,
     read_raw_body,
     service_app,
+    slot_of,
 )
 from tandem_http.admission import declared_length
 from tandem_http.openapi import BodySchemas, install_openapi
@@ -80,7 +82,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        upstreams = Upstreams(settings, transport)
+        upstreams = Upstreams(settings, transport, metrics)
         watch = NodeWatch(upstreams, resolve)
         watching = None
         if watch.dynamic:
@@ -105,7 +107,13 @@ def create_app(
             await upstreams.aclose()
             mark_process_dead(os.getpid())
 
-    app = service_app("Tandem front door", lifespan, settings.api_key, settings.admin_api_key)
+    app = service_app(
+        "Tandem front door",
+        lifespan,
+        settings.api_key,
+        settings.admin_api_key,
+        BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+    )
     app.add_exception_handler(ClientGone, _client_gone)
 
     def forwarder(request: Request) -> Forwarder:
@@ -136,7 +144,7 @@ def create_app(
         body = await read_raw_body(request, cap)
         fmt = format_of_content_type(request.headers.get("content-type"))
         key, request_id = await generate_route(
-            request.headers.get(ROUTE_KEY_HEADER), body, coding, fmt, cap
+            request.headers.get(ROUTE_KEY_HEADER), body, coding, fmt, cap, slot_of(request)
         )
         nodes = fwd.upstreams.generate_order(key)
         if not _trl_shape(settings, request, request_id):
@@ -176,8 +184,13 @@ def create_app(
         return models_response(settings.names(), await openai(request).max_model_len())
 
     @app.get("/metrics")
-    async def metrics_route() -> Response:
-        return metrics_response(registry)
+    async def metrics_route(request: Request) -> Response:
+        ups = forwarder(request).upstreams
+        live = {n.url for n in (*ups.render, *ups.generate)}
+        # Series of nodes no longer in the fleet are left out (another worker's files too).
+        return metrics_response(
+            registry, lambda labels: labels.get("node", "") in live or "node" not in labels
+        )
 
     access = ControlAccess(settings.api_key, settings.admin_api_key, settings.enable_control_routes)
     admin_key = settings.upstream_admin_api_key

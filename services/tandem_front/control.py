@@ -5,10 +5,10 @@ update protocol's steps, combining) are ``tandem_client.fleet``'s. A state-chang
 only when every node it must reach answered 2xx, else ``control_partial_failure`` naming each
 node that failed with its own status and error type. So is ``/get_world_size``; a fleet is
 paused if any node is; ``/weight_info`` lists every node's weights and which are fenced, and
-why; server info is the first node's. ``/init_weight_transfer_engine`` gives each node its own
-NCCL ranks (see ``ranks``). Every route but ``/weight_info`` goes to the nodes that have not
-left the fleet (unreachable past ``--node-timeout-s``), and only the nodes that served when an
-update's step began can fail it.
+why; server info is the first node's that answers (asked one node at a time).
+``/init_weight_transfer_engine`` gives each node its own NCCL ranks (see ``ranks``). Every
+route but ``/weight_info`` goes to the nodes that have not left the fleet (unreachable past
+``--node-timeout-s``), and only the nodes that served when an update's step began can fail it.
 """
 
 from __future__ import annotations
@@ -85,9 +85,12 @@ async def relay(
     view = upstreams.view()
     query = f"?{params}" if params else ""
     bodies = await _init_bodies(ask, body, nodes, view) if path == fleet.INIT_PATH else None
-    answers = await fleet.ask_each(
-        ask, nodes, route.method, path + query, bodies or [body] * len(nodes)
-    )
+    if route.combine == "first":
+        answers = await _until_one_answers(ask, nodes, route.method, path + query)
+    else:
+        answers = await fleet.ask_each(
+            ask, nodes, route.method, path + query, bodies or [body] * len(nodes)
+        )
     if path == fleet.WEIGHT_INFO_PATH:
         upstreams.learn_versions(nodes, answers)
         view = upstreams.view()
@@ -136,6 +139,19 @@ async def _update_step(
     if result.update_id is not None:
         answer["update_id"] = str(result.update_id)
     return 200, answer
+
+
+async def _until_one_answers(
+    ask: fleet.Ask, nodes: Sequence[Node], method: str, path: str
+) -> list[NodeAnswer]:
+    """For a route whose answer is one node's: the nodes asked in order until one answers
+    2xx, not the whole fleet at once for answers that would be dropped."""
+    answers: list[NodeAnswer] = []
+    for node in nodes:
+        answers.append(await ask(node, method, path, b"", {}))
+        if answers[-1].ok:
+            break
+    return answers
 
 
 def _combine_error(exc: CombineError, prefix: str = "") -> FrontError:

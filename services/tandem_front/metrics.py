@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -19,6 +20,17 @@ class FrontMetrics:
     """Upstream answers >= 400, failed connections and transport failures, by node and kind."""
     upstream_retries: Counter
     """Requests moved to another node because one could not be reached, by tier."""
+
+    def forget(self, tier: str, url: str) -> None:
+        """Drop every series of a node that left the fleet (discovery removed it): the label
+        sets would otherwise grow with every address a DNS name ever had."""
+        with warnings.catch_warnings():
+            # Multiprocess mode keeps the series in its files (unimplemented removal): the
+            # in-process ones go, and the door's /metrics leaves the files' out (see
+            # ``tandem_http.metrics_response``'s ``keep``).
+            warnings.simplefilter("ignore", UserWarning)
+            for metric in (self.upstream_latency, self.upstream_errors):
+                metric.remove_by_labels({"tier": tier, "node": url})
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> FrontMetrics:

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tandem_client.routing import affinity_key
-from tandem_http import BadRequest, request_id_of
+from tandem_http import BadRequest, request_id_of, slot_of
 from tandem_wire import (
     SYSTEM_FINGERPRINT_HEADER,
     WEIGHT_VERSIONS_HEADER,
@@ -37,7 +37,16 @@ from tandem_wire import (
 )
 
 from .errors import UpstreamError
-from .proxy import DONE, Forwarder, Relay, merged, sse_with_error_tail, with_upstream_headers
+from .proxy import (
+    DONE,
+    Forwarder,
+    HandedOver,
+    Relay,
+    merged,
+    sse_with_error_tail,
+    tenant_header,
+    with_upstream_headers,
+)
 from .settings import FrontSettings
 from .upstreams import Node, Upstreams
 
@@ -116,26 +125,35 @@ class OpenAIService:
     # -- routes --------------------------------------------------------------------------
 
     async def chat(self, body: bytes, request: Request) -> Response:
-        doc = _json_object(body)
+        doc = _parsed(body, request)
         # Checked as vLLM's server checks a body before anything else (a 400 on bad types).
         plan = self.answers.plan(doc, chat=True, weight_versions=_asks_versions(request))
         try:
             raw = await self._render("/v1/chat/completions/render", body, request)
-            rendered = _decoded(decode_generate_request, raw)
-            gens = [self._generate_request(rendered, plan, f"chatcmpl-{new_request_id()}")]
-            return await self._answer(request, doc, plan, gens, gens[0].request_id)
+            # No name keeps the answer's bytes: its items are views into them, dropped with
+            # them once generate has the request (see ``_slim``).
+            gens = [
+                self._generate_request(
+                    _decoded(decode_generate_request, raw), plan, f"chatcmpl-{new_request_id()}"
+                )
+            ]
+            rendered, raw = len(raw), b""
+            return await self._answer(request, doc, plan, gens, gens[0].request_id, rendered)
         except _PassThrough as refused:
             return refused.response
 
     async def completions(self, body: bytes, request: Request) -> Response:
-        doc = _json_object(body)
+        doc = _parsed(body, request)
         plan = self.answers.plan(doc, chat=False, weight_versions=_asks_versions(request))
         try:
             raw = await self._render("/v1/completions/render", body, request)
-            rendered = _decoded(decode_generate_requests, raw)
             rid = f"cmpl-{new_request_id()}"
-            gens = [self._generate_request(r, plan, f"{rid}-{i}") for i, r in enumerate(rendered)]
-            return await self._answer(request, doc, plan, gens, rid)
+            gens = [
+                self._generate_request(r, plan, f"{rid}-{i}")
+                for i, r in enumerate(_decoded(decode_generate_requests, raw))
+            ]
+            rendered, raw = len(raw), b""
+            return await self._answer(request, doc, plan, gens, rid, rendered)
         except _PassThrough as refused:
             return refused.response
 
@@ -146,16 +164,25 @@ class OpenAIService:
         plan: Plan,
         gens: list[GenerateRequest[Any]],
         rid: str,
+        rendered: int,
     ) -> Response:
+        """Every prompt's generate request opened (so a refusal is a proper HTTP answer),
+        then render's answer let go: ``gens`` keep only what the answer is written from (token
+        ids, sampling, ids; see ``_slim``), and its ``rendered`` bytes go back to the request's
+        admission slot. Then the answer, streamed or whole."""
         model = self._model(doc)
+        opened = await self._open_all(gens, request)
+        gens[:] = _slim(gens)
+        slot = slot_of(request)
+        if slot is not None:
+            slot.give_back(rendered)
         if plan.stream:
-            return await self._open_stream(request, gens, plan, rid, model)
-        tasks = [asyncio.ensure_future(self._generate(g, request)) for g in gens]
+            return self._stream(request, opened, gens, plan, rid, model)
         try:
-            results = await asyncio.gather(*tasks)
+            results = await asyncio.gather(*(self._result(n, r) for n, r in opened))
         finally:
-            for t in tasks:  # one prompt refused: the others stop (and give back) too
-                t.cancel()
+            for node, response in opened:  # one prompt failed: the others stop too
+                await self.forwarder.close(node, response)
         document = await plan.whole(rid, model, gens, list(results))
         return Response(document, media_type="application/json")
 
@@ -178,12 +205,16 @@ class OpenAIService:
             "content-type": content_type,
             "accept": _MSGPACK,
             "x-request-id": request_id_of(request),
+            **tenant_header(request),
         }
 
     async def _read(self, node: Node, response: httpx.Response) -> bytes:
         return await self.forwarder.read(node, response)
 
     async def _render(self, path: str, body: bytes, request: Request) -> bytes:
+        """Render's answer, at most what a generate node takes (it is sent there), charged to
+        the request's admission bytes as it arrives; they are given back once generate has
+        the rendered request (``_open_generate``)."""
         headers = self._headers(request, "application/json")
         # The answer goes to our own generate nodes: the model's exact wire transforms are
         # understood there, and cut the bytes of each first-seen item.
@@ -191,10 +222,12 @@ class OpenAIService:
         node, response = await self.forwarder.open(
             self.upstreams.render_order(), "POST", path, headers, body
         )
-        raw = await self._read(node, response)
         if response.status_code != 200:
+            raw = await self._read(node, response)
             raise _PassThrough(_passed(response, raw))
-        return raw
+        slot = slot_of(request)
+        cap = await self.upstreams.generate_body_cap(0)
+        return await self.forwarder.read(node, response, cap, slot.take if slot else None)
 
     def _generate_request(
         self, rendered: GenerateRequest[Any], plan: Plan, request_id: str
@@ -222,11 +255,20 @@ class OpenAIService:
     async def _open_generate(
         self, gen: GenerateRequest[Any], request: Request
     ) -> tuple[Node, httpx.Response]:
-        body = encode_generate_request(gen, WireFormat.MSGPACK)
+        slot = slot_of(request)
+        body = HandedOver(encode_generate_request(gen, WireFormat.MSGPACK))
+        if slot is not None:
+            slot.take(body.length)  # the encoded copy, held until a node has it
         headers = self._headers(request, _MSGPACK)
-        node, response = await self.forwarder.open(
-            self._generate_nodes(gen), "POST", "/inference/v1/generate", headers, body
-        )
+        headers["content-length"] = str(body.length)
+        try:
+            node, response = await self.forwarder.open(
+                self._generate_nodes(gen), "POST", "/inference/v1/generate", headers, body
+            )
+        finally:
+            body.drop()
+            if slot is not None:
+                slot.give_back(body.length)
         if response.status_code != 200:
             raw = await self._read(node, response)
             raise _PassThrough(_passed(response, raw))
@@ -235,8 +277,7 @@ class OpenAIService:
             self.answers.saw_fingerprint(fingerprint)
         return node, response
 
-    async def _generate(self, gen: GenerateRequest[Any], request: Request) -> GenerateResponse:
-        node, response = await self._open_generate(gen, request)
+    async def _result(self, node: Node, response: httpx.Response) -> GenerateResponse:
         raw = await self._read(node, response)
         fmt = (
             WireFormat.MSGPACK
@@ -255,18 +296,17 @@ class OpenAIService:
 
     # -- streaming -------------------------------------------------------------------------
 
-    async def _open_stream(
+    def _stream(
         self,
         request: Request,
+        opened: list[tuple[Node, httpx.Response]],
         gens: list[GenerateRequest[Any]],
         plan: Plan,
         rid: str,
         model: str,
     ) -> Response:
-        # Every prompt's upstream is opened before answering, so a refusal is a proper HTTP
-        # answer; then the prompts stream at once, their events merged as they come (as
-        # vLLM's completions merge theirs).
-        opened = await self._open_all(gens, request)
+        # The prompts stream at once, their events merged as they come (as vLLM's completions
+        # merge theirs).
         prompts = [
             self._prompt_events(p, node, response) for p, (node, response) in enumerate(opened)
         ]
@@ -289,8 +329,11 @@ class OpenAIService:
         tasks = [asyncio.ensure_future(self._open_generate(g, request)) for g in gens]
         handed = False
         try:
-            await asyncio.wait(tasks)
-            opened = [t.result() for t in tasks]  # the first refusal, if any, is raised
+            # The first refusal is the answer: the others are not waited for (a node may
+            # keep a request's headers until it has run).
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t for t in tasks if t.done() and t.exception() is not None]
+            opened = [t.result() for t in failed or tasks]  # the first refusal is raised
             handed = True
             return opened
         finally:
@@ -332,12 +375,27 @@ async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         yield event
 
 
+def _slim(gens: list[GenerateRequest[Any]]) -> list[GenerateRequest[Any]]:
+    """The generate requests without their items (views into render's answer, which they
+    would keep alive): the answer side reads only token ids, sampling and ids."""
+    return [msgspec.structs.replace(g, features=None) for g in gens]
+
+
 def _decoded(decode: Any, raw: bytes) -> Any:
     """Render's answer read; one that does not read is render's fault (502), not the caller's."""
     try:
         return decode(raw, WireFormat.MSGPACK)
     except (WireError, msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         raise UpstreamError("render answered an unreadable rendered request") from None
+
+
+def _parsed(body: bytes, request: Request) -> dict[str, Any]:
+    """The body's JSON object, charged to the request as much again as the body (its
+    strings, image data URLs above all, are copied out of it) before it is parsed."""
+    slot = slot_of(request)
+    if slot is not None:
+        slot.take(len(body))
+    return _json_object(body)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:

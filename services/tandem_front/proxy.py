@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tandem_http import DRAINING_HEADER, error_body, request_id_of
-from tandem_wire import TandemHTTPError, WireFormat, error_types
+from tandem_http import DRAINING_HEADER, TENANT_HEADER, error_body, principal_of, request_id_of
+from tandem_wire import PayloadTooLarge, TandemHTTPError, WireFormat, error_types
 
 from .errors import FrontError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from .metrics import FrontMetrics
@@ -34,12 +34,14 @@ __all__ = [
     "DONE",
     "ClientGone",
     "Forwarder",
+    "HandedOver",
     "OnceStream",
     "Relay",
     "downstream_headers",
     "error_event",
     "merged",
     "sse_with_error_tail",
+    "tenant_header",
     "unless_gone",
     "upstream_failure",
     "upstream_headers",
@@ -66,19 +68,29 @@ _HOP_BY_HOP = frozenset(
         "host",
     }
 )
-_NOT_UPSTREAM = _HOP_BY_HOP | {"authorization", "content-length"}
+_NOT_UPSTREAM = _HOP_BY_HOP | {"authorization", "content-length", TENANT_HEADER}
 _NOT_DOWNSTREAM = _HOP_BY_HOP | {"date", "server"}
 
 
 def upstream_headers(request: Request, content_length: int | None = None) -> dict[str, str]:
-    """The caller's end-to-end headers (the caller's key is not the upstream's: dropped)."""
+    """The caller's end-to-end headers (the caller's key is not the upstream's: dropped), and
+    who the caller is (``tenant_header``)."""
     headers = {k: v for k, v in request.headers.items() if k not in _NOT_UPSTREAM}
+    headers.update(tenant_header(request))
     declared = request.headers.get("content-length")
     if content_length is not None:
         headers["content-length"] = str(content_length)
     elif declared is not None:
         headers["content-length"] = declared
     return headers
+
+
+def tenant_header(request: Request) -> dict[str, str]:
+    """``TENANT_HEADER`` naming the door's caller (the digest of its key), for the nodes that
+    trust this door with it; none for a caller let in without a key (a caller's own is never
+    passed on)."""
+    principal = principal_of(request)
+    return {TENANT_HEADER: principal} if principal else {}
 
 
 def downstream_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
@@ -283,7 +295,7 @@ class Forwarder:
         method: str,
         path: str,
         headers: dict[str, str],
-        content: bytes | OnceStream | None,
+        content: bytes | OnceStream | HandedOver | None,
         params: str = "",
     ) -> tuple[Node, httpx.Response]:
         """The first node that took the request, with its answer (body not read yet; give it
@@ -354,10 +366,21 @@ class Forwarder:
             node.pending -= 1
         await response.aclose()
 
-    async def read(self, node: Node, response: httpx.Response) -> bytes:
-        """The whole answer (decoded from its content coding), given back however it ends."""
+    async def read(
+        self,
+        node: Node,
+        response: httpx.Response,
+        max_bytes: int | None = None,
+        charge: Callable[[int], None] | None = None,
+    ) -> bytes:
+        """The whole answer (decoded from its content coding), given back however it ends.
+        With ``max_bytes``, an answer past it is refused (413) as it arrives, never held;
+        ``charge`` (a request's ``Slot.take``) is told of its bytes before they are held:
+        its Content-Length first, then what arrives past that."""
         try:
-            return await response.aread()
+            if max_bytes is None and charge is None:
+                return await response.aread()
+            return await _read_capped(response, max_bytes, charge)
         except httpx.HTTPError as exc:
             raise self.failure(exc, node) from None
         finally:
@@ -396,6 +419,46 @@ class Forwarder:
             raise self.failure(exc, node) from None
         finally:
             await self.close(node, response)
+
+
+async def _read_capped(
+    response: httpx.Response, max_bytes: int | None, charge: Callable[[int], None] | None
+) -> bytes:
+    declared = response.headers.get("content-length", "")
+    charged = int(declared) if declared.isdigit() else 0
+    too_large = PayloadTooLarge(f"{response.request.url.path} answered more than {max_bytes} bytes")
+    if max_bytes is not None and charged > max_bytes:
+        raise too_large
+    if charge is not None and charged:
+        charge(charged)
+    parts, total = [], 0
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:
+            raise too_large
+        if charge is not None and total > charged:
+            charge(total - charged)
+            charged = total
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class HandedOver(httpx.AsyncByteStream):
+    """A request body held until ``drop``: sent again on a retry to another node, and let go
+    once a node has taken it (an answer that streams for minutes keeps its request object,
+    and would keep its body with it)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body: bytes | None = body
+        self.length = len(body)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.body is None:
+            raise RuntimeError("a dropped body was sent again")
+        yield self.body
+
+    def drop(self) -> None:
+        self.body = None
 
 
 async def _whole_events(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

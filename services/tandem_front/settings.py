@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tandem_client.discovery import parse_node_spec
-from tandem_http import settings_from_json, settings_to_json
+from tandem_http import BodyDeadline, settings_from_json, settings_to_json
 from tandem_http.draining import KEEP_ALIVE_S
 
 __all__ = ["FrontSettings", "LogprobsFormat", "SETTINGS_ENV"]
@@ -130,6 +130,13 @@ class FrontSettings:
     it a request is answered 429 with Retry-After before its body is read (413 if it alone
     declares more). None: a quarter of the memory limit (cgroup, else RAM) shared among the
     workers; 0: no byte budget."""
+
+    body_timeout_s: float = BodyDeadline.timeout_s
+    """A request body's grace and the longest pause within it, in seconds: past either, 408
+    ``body_timeout`` and the request is let go (``tandem_http.BodyDeadline``); 0: no deadline."""
+
+    body_min_rate: int = BodyDeadline.min_rate
+    """Bytes per second a request body must keep on average once ``body_timeout_s`` is spent."""
 
     upstream_keepalive_s: float = 30.0
     """How long an idle connection to a node is kept for reuse, in seconds. Must be shorter

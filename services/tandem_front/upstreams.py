@@ -19,6 +19,7 @@ from tandem_client.discovery import DNS_PREFIX
 from tandem_client.fleet import NodeAnswer
 from tandem_http import MAX_BODY_HEADER
 
+from .metrics import FrontMetrics
 from .settings import FrontSettings
 
 __all__ = ["Node", "Upstreams"]
@@ -47,9 +48,14 @@ class Upstreams:
     connection pool per origin)."""
 
     def __init__(
-        self, settings: FrontSettings, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        settings: FrontSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: FrontMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
+        """Where a node's series are dropped when it leaves (``set_nodes``)."""
         # Names to resolve (dns+http://) join at the first discovery (see ``discovery``).
         self.render = [Node(u, tier="render") for u in _fixed(settings.render_urls)]
         self.generate = [Node(u, tier="generate") for u in _fixed(settings.generate_urls)]
@@ -99,6 +105,9 @@ class Upstreams:
         cool-down, body cap); the new ones are returned."""
         old = {n.url: n for n in (self.render if tier == "render" else self.generate)}
         nodes = [old.get(u) or Node(u, tier=tier) for u in urls]
+        if self.metrics is not None:
+            for gone in set(old) - set(urls):
+                self.metrics.forget(tier, gone)
         if tier == "render":
             self.render = nodes
         else:

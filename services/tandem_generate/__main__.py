@@ -12,7 +12,14 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.envs import enable_envs_cache
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from tandem_http import ADMIN_KEY_ENV, Drain, DrainingConfig, DrainingServer, keys_from_env
+from tandem_http import (
+    ADMIN_KEY_ENV,
+    Drain,
+    DrainingConfig,
+    DrainingServer,
+    add_body_deadline_flags,
+    keys_from_env,
+)
 
 from .app import create_app
 from .engine import Engine
@@ -20,6 +27,9 @@ from .settings import ENGINE_MM_PROCESSOR_CACHE_GB, ONEDNN_KERNEL_CACHE, Generat
 
 ENGINE_DIED_EXIT_CODE = os.EX_SOFTWARE
 """The process's exit status when it stopped because the vLLM engine died."""
+
+DOOR_KEY_ENV = "TANDEM_DOOR_API_KEY"
+"""Environment variable with the front doors' keys when no ``--door-api-key`` is given."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
@@ -51,6 +61,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "the state-changing control routes (/pause, /resume, /abort_requests, weight updates, "
         "/reset_prefix_cache; an inference key gets 403 admin_required); they also pass "
         f"wherever an inference key does; ${ADMIN_KEY_ENV} (comma-separated) sets the default",
+    )
+    ours.add_argument(
+        "--door-api-key",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="keys of front doors (each also an --api-key or --admin-api-key): their "
+        "x-tandem-tenant header names the caller whose items a request keeps, so tenants "
+        f"behind one door stay apart; ${DOOR_KEY_ENV} (comma-separated) sets the default",
     )
     ours.add_argument(
         "--enable-control-routes",
@@ -93,6 +112,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "requests may hold before answering 429 (default: a quarter of the memory limit, "
         "cgroup or RAM; 0: no byte budget)",
     )
+    add_body_deadline_flags(ours)
     ours.add_argument(
         "--allow-request-priority",
         action="store_true",
@@ -136,6 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         port=args.port,
         api_key=tuple(args.api_key) if args.api_key else os.environ.get("TANDEM_API_KEY"),
         admin_api_key=tuple(args.admin_api_key or keys_from_env(os.environ.get(ADMIN_KEY_ENV))),
+        door_api_key=tuple(args.door_api_key or keys_from_env(os.environ.get(DOOR_KEY_ENV))),
         enable_control_routes=args.enable_control_routes,
         weight_transfer_dir=args.weight_transfer_dir,
         # vLLM's own --log-level (engine args) sets ours too.
@@ -144,6 +165,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,
         max_held_bytes=args.max_held_bytes,
+        body_timeout_s=args.body_timeout_s,
+        body_min_rate=args.body_min_rate,
         item_cache_bytes=args.item_cache_bytes,
         allow_request_priority=args.allow_request_priority,
         pretouch_item_cache=args.pretouch_item_cache,

@@ -18,6 +18,7 @@ from tandem_http import (
     MAX_BODY_HEADER,
     AdmissionGate,
     BadRequest,
+    BodyDeadline,
     ControlAccess,
     HeldStreamingResponse,
     admitted,
@@ -114,7 +115,14 @@ def create_app(
             if shutdown_engine:
                 engine.shutdown()
 
-    app = service_app("Tandem generate", lifespan, settings.api_key, settings.admin_api_key)
+    app = service_app(
+        "Tandem generate",
+        lifespan,
+        settings.api_key,
+        settings.admin_api_key,
+        BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+        settings.door_api_key,
+    )
 
     def service(request: Request) -> GenerateService:
         return request.app.state.service  # type: ignore[no-any-return]

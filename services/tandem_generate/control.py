@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,32 @@ PAUSE_MODES = ("abort", "wait", "keep")
 log = logging.getLogger("tandem.generate")
 
 _CONFIG_JSON = pydantic.TypeAdapter(VllmConfig)
+
+_SECRET_NAME = re.compile(
+    r"(^|_)(token|secret|password|passwd|api_key|apikey|credentials?|access_key|private_key)$",
+    re.IGNORECASE,
+)
+"""Config fields that hold a secret (``ModelConfig.hf_token``, a key in a connector's config)."""
+_OPAQUE_CONFIGS = frozenset({"kv_connector_extra_config", "ec_connector_extra_config"})
+"""Free-form connector settings: whatever they hold may be a credential."""
+REDACTED = "<redacted>"
+
+
+def scrubbed(value: Any) -> Any:
+    """A JSON config dump with every secret replaced by ``REDACTED`` (a field named like one,
+    and the free-form connector settings whole): ``/server_info`` answers any inference key,
+    and vLLM itself serves its config only in dev mode."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED
+            if v not in (None, {}, "") and (k in _OPAQUE_CONFIGS or _SECRET_NAME.search(str(k)))
+            else scrubbed(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [scrubbed(v) for v in value]
+    return value
+
 
 RESET_ATTEMPTS = 5
 """Tries at resetting the prefix cache after an update before answering that it did not."""
@@ -275,7 +302,7 @@ class EngineControl:
         """``/server_info?config_format=json`` as upstream answers it, without its environment
         sections (TRL reads ``vllm_config.weight_transfer_config``)."""
         cfg = _CONFIG_JSON.dump_python(self.engine.vllm_config, mode="json", fallback=str)
-        return {"vllm_config": cfg}
+        return {"vllm_config": scrubbed(cfg)}
 
     # -- the tandem_file backend's checks ------------------------------------------------------
 

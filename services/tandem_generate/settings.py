@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem_http import BodyDeadline
+
 __all__ = ["ENGINE_MM_PROCESSOR_CACHE_GB", "ONEDNN_KERNEL_CACHE", "GenerateSettings"]
 
 ENGINE_MM_PROCESSOR_CACHE_GB = 0.0
@@ -40,6 +42,11 @@ class GenerateSettings:
     They also pass wherever an inference key does. Empty: no admin key (see
     ``enable_control_routes``); with admin keys only, inference routes stay open."""
 
+    door_api_key: str | tuple[str, ...] = ()
+    """Keys of front doors (each also an inference or admin key): a request with one of them
+    and ``x-tandem-tenant`` keeps its held items under that tenant (the door's caller), not
+    under the door's key, so callers behind one door cannot probe each other's items."""
+
     enable_control_routes: bool = False
     """With no ``admin_api_key``, serve the state-changing control routes to every caller the
     key check lets in (any inference key, or anyone when there is no key); off, they answer
@@ -67,6 +74,13 @@ class GenerateSettings:
     Retry-After before its body is read, and one declaring more than all of it 413. None: a
     quarter of this process's memory (its cgroup limit, else the host's RAM); 0: no byte
     budget."""
+
+    body_timeout_s: float = BodyDeadline.timeout_s
+    """A request body's grace and the longest pause within it, in seconds: past either, 408
+    ``body_timeout`` and the request is let go (``tandem_http.BodyDeadline``); 0: no deadline."""
+
+    body_min_rate: int = BodyDeadline.min_rate
+    """Bytes per second a request body must keep on average once ``body_timeout_s`` is spent."""
 
     allow_request_priority: bool = False
     """Honour the ``priority`` a request sets (with ``--scheduling-policy priority`` a caller

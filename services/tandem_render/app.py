@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from tandem_http import (
     AdmissionGate,
+    BodyDeadline,
     PartsResponse,
     admitted,
     held_bytes_budget,
@@ -25,6 +26,7 @@ from tandem_http import (
     pretouch,
     read_body,
     service_app,
+    slot_of,
 )
 from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import (
@@ -94,7 +96,12 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
             await loader.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges stop counting
 
-    app = service_app("Tandem render", lifespan, settings.api_key)
+    app = service_app(
+        "Tandem render",
+        lifespan,
+        settings.api_key,
+        body_deadline=BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+    )
 
     async def request_body(request: Request) -> tuple[bytes, Any, Any, frozenset[str], bool]:
         body = await read_body(request, settings.max_body_bytes)
@@ -129,7 +136,8 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         async def route(request: Request) -> Response:
             body, in_fmt, out_fmt, transforms, coded = await request_body(request)
             render = getattr(request.app.state.service, f"render_{kind}")
-            return respond(await render(body, in_fmt, transforms, coded), out_fmt, request)
+            answer = await render(body, in_fmt, transforms, coded, slot_of(request))
+            return respond(answer, out_fmt, request)
 
     # Derender answers are upstream's JSON whatever the caller accepts: they are small text.
     def derender_route(kind: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import blake3
 import msgspec
 
-from tandem_http import BadRequest
+from tandem_http import BadRequest, Slot
 from tandem_wire import GenerateRequest, WireFormat, decode_document
 
 from .budget import (
@@ -149,12 +149,13 @@ class RenderService:
         fmt: WireFormat,
         transforms: frozenset[str] = frozenset(),
         coded: bool = False,
+        slot: Slot | None = None,
     ) -> GenerateRequest[bytes | None]:
         """``transforms``: the wire transforms the caller accepts (``*``: any), applied where
         this model has them and they are exact; ``coded``: the caller compresses its bodies
         (``*`` then takes the transforms that only pay under compression too)."""
         return await self._render_conversation(
-            "chat", raw, fmt, transforms, coded, prepare_chat, self.renderer.render_chat
+            "chat", raw, fmt, transforms, coded, prepare_chat, self.renderer.render_chat, slot
         )
 
     async def render_responses(
@@ -163,6 +164,7 @@ class RenderService:
         fmt: WireFormat,
         transforms: frozenset[str] = frozenset(),
         coded: bool = False,
+        slot: Slot | None = None,
     ) -> GenerateRequest[bytes | None]:
         """A Responses request, as ``render_chat`` (its input items' images screened)."""
         return await self._render_conversation(
@@ -173,6 +175,7 @@ class RenderService:
             coded,
             prepare_responses,
             self.renderer.render_responses,
+            slot,
         )
 
     async def render_messages(
@@ -181,10 +184,18 @@ class RenderService:
         fmt: WireFormat,
         transforms: frozenset[str] = frozenset(),
         coded: bool = False,
+        slot: Slot | None = None,
     ) -> GenerateRequest[bytes | None]:
         """An Anthropic Messages request, as ``render_chat`` (its image blocks screened)."""
         return await self._render_conversation(
-            "messages", raw, fmt, transforms, coded, prepare_messages, self.renderer.render_messages
+            "messages",
+            raw,
+            fmt,
+            transforms,
+            coded,
+            prepare_messages,
+            self.renderer.render_messages,
+            slot,
         )
 
     async def _render_conversation(
@@ -196,6 +207,7 @@ class RenderService:
         coded: bool,
         prepare: Callable[[Any, RequestLimits], PreparedChat],
         render: Callable[..., Awaitable[GenerateRequest[bytes | None]]],
+        slot: Slot | None = None,
     ) -> GenerateRequest[bytes | None]:
         names = self.renderer.accepted_wire_transforms(transforms, coded)
         with self._account(route):
@@ -206,7 +218,7 @@ class RenderService:
                 return _fresh_id(hit[0], hit[1])
             body = decode_document(raw, Any, fmt)
             prepared = prepare(body, self.limits)
-            media = await self._load_all(prepared.media, body, [prepared.media])
+            media = await self._load_all(prepared.media, body, [prepared.media], slot)
             embeds = prepared.embed_tensors()
             self.metrics.media_bytes.inc(sum(int(t.nbytes) for t in embeds.values()))
             result = await render(
@@ -240,6 +252,7 @@ class RenderService:
         fmt: WireFormat,
         transforms: frozenset[str] = frozenset(),
         coded: bool = False,
+        slot: Slot | None = None,
     ) -> list[GenerateRequest[bytes | None]]:
         names = self.renderer.accepted_wire_transforms(transforms, coded)
         with self._account("completion"):
@@ -249,7 +262,7 @@ class RenderService:
             if prepared.images is not None:
                 flat = [r for refs in prepared.images if refs for r in refs]
                 prompts = [refs for refs in prepared.images if refs]
-                loaded = await self._load_all(flat, body, prompts)
+                loaded = await self._load_all(flat, body, prompts, slot)
                 images = await asyncio.gather(
                     *(
                         asyncio.to_thread(self.renderer.load_image, loaded[r.token], self.decoded)
@@ -280,14 +293,24 @@ class RenderService:
         return encode
 
     async def _load_all(
-        self, refs: Sequence[MediaRef], body: Any, prompts: Sequence[Sequence[MediaRef]]
+        self,
+        refs: Sequence[MediaRef],
+        body: Any,
+        prompts: Sequence[Sequence[MediaRef]],
+        slot: Slot | None = None,
     ) -> dict[str, bytes]:
         """The bytes of ``refs`` by token, once every header says the request can be served:
         its media within the decoded budget, each prompt's (``prompts``) images within the
-        context. Nothing is decoded before this returns."""
-        loaded = await asyncio.gather(*(self._load(r) for r in refs))
+        context. Nothing is decoded before this returns. Under admission (``slot``), each
+        fetched item is charged to the request as it arrives, and what they all decode to
+        (from their headers) before any is decoded: refused 429 (413) when the process's
+        byte budget has no room for them now (ever)."""
+        charge = slot.take if slot is not None else None
+        loaded = await asyncio.gather(*(self._load(r, charge) for r in refs))
         sizes = {r.token: size for r, (_, size) in zip(refs, loaded, strict=True)}
         check_decoded_budget(list(sizes.values()), self.request_budget)
+        if slot is not None:
+            slot.take(sum(s.decoded_bytes for s in sizes.values()))
         kwargs = body.get("mm_processor_kwargs") or {}
         for prompt in prompts:
             check_context_fit(
@@ -298,8 +321,12 @@ class RenderService:
             )
         return {r.token: data for r, (data, _) in zip(refs, loaded, strict=True)}
 
-    async def _load(self, ref: MediaRef) -> tuple[bytes, MediaSize]:
-        data = ref.data if ref.data is not None else await self.loader.load_bytes(ref.url or "")
+    async def _load(
+        self, ref: MediaRef, charge: Callable[[int], None] | None = None
+    ) -> tuple[bytes, MediaSize]:
+        data = ref.data
+        if data is None:
+            data = await self.loader.load_bytes(ref.url or "", charge)
         # Header-only: a decompression bomb or an hour of video is refused before any pixel
         # is decoded.
         if ref.modality == "image":

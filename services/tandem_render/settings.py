@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem_http import settings_from_json, settings_to_json
+from tandem_http import BodyDeadline, settings_from_json, settings_to_json
 
 from .media import MediaPolicy
 
@@ -110,6 +110,13 @@ class RenderSettings:
     is read, and one declaring more than all of it 413. None: a quarter of the memory limit
     (the cgroup's, else the host's RAM) shared by the workers; 0: no byte budget. What one
     request's media decode to is bounded apart (``max_decoded_request_bytes``)."""
+
+    body_timeout_s: float = BodyDeadline.timeout_s
+    """A request body's grace and the longest pause within it, in seconds: past either, 408
+    ``body_timeout`` and the request is let go (``tandem_http.BodyDeadline``); 0: no deadline."""
+
+    body_min_rate: int = BodyDeadline.min_rate
+    """Bytes per second a request body must keep on average once ``body_timeout_s`` is spent."""
 
     item_cache_bytes: int = 128 * 1024 * 1024
     """Bytes of encoded items kept per worker, keyed by mm_hash (media + processor kwargs)."""

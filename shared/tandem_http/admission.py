@@ -53,6 +53,34 @@ class Slot:
         if self._gate is not None and nbytes > 0:
             self._gate._take(self, nbytes, refuse=False)
 
+    def take(self, nbytes: int) -> None:
+        """The service is about to hold ``nbytes`` more for this request (a decoded copy):
+        charged before it is allocated, and refused as a body read past its declaration is
+        (429, or 413 when this request alone would pass the whole budget)."""
+        if self._gate is not None and nbytes > 0:
+            self._gate._take(self, nbytes, refuse=True)
+
+    def give_back(self, nbytes: int) -> None:
+        """``nbytes`` taken ahead (``take``) turned out not to be needed."""
+        if self._gate is not None and nbytes > 0:
+            nbytes = min(nbytes, self.held)
+            self._gate._take(self, -nbytes, refuse=False)
+
+    def refusal(self, nbytes: int) -> Exception:
+        """The error for a request that needs at least ``nbytes`` more than it holds, where
+        they do not fit (see ``take``); for a decoded copy found larger than the room left."""
+        gate = self._gate
+        if gate is None or gate.max_bytes is None:
+            return PayloadTooLarge(f"{nbytes} more bytes do not fit")
+        return gate._refusal(self, nbytes)
+
+    def room(self) -> int | None:
+        """Bytes the gate's budget has left for anyone now (None: no byte budget)."""
+        gate = self._gate
+        if gate is None or gate.max_bytes is None:
+            return None
+        return max(0, gate.max_bytes - gate.held)
+
     def release(self) -> None:
         gate, self._gate = self._gate, None
         if gate is not None:
@@ -116,10 +144,14 @@ class AdmissionGate:
             raise _over_budget(declared, budget)
         if self._current >= self.limit:
             self.rejected.inc()
-            raise Overloaded(f"more than {self.limit} requests pending; retry", retry_after=1)
+            raise Overloaded(
+                f"{self._current} requests pending, the most this server holds; retry",
+                retry_after=1,
+                details=self._counts(),
+            )
         if budget is not None and self._held + declared > budget:
             self.rejected.inc()
-            raise _bytes_spent(budget)
+            raise self._bytes_spent(declared)
         self._current += 1
         self.pending.inc()
         self._held += declared
@@ -129,25 +161,42 @@ class AdmissionGate:
     def _take(self, slot: Slot, nbytes: int, *, refuse: bool) -> None:
         budget = self.max_bytes
         if refuse and budget is not None and self._held + nbytes > budget:
-            if slot.held + nbytes > budget:
-                raise _over_budget(slot.held + nbytes, budget)
-            self.rejected.inc()
-            raise _bytes_spent(budget)
+            raise self._refusal(slot, nbytes)
         self._held += nbytes
         slot.held += nbytes
         self.held_bytes.inc(nbytes)
+
+    def _refusal(self, slot: Slot, nbytes: int) -> Overloaded | PayloadTooLarge:
+        """Why ``slot`` cannot hold ``nbytes`` more: 413 when that passes the whole budget on
+        its own, else 429 (counted)."""
+        budget = self.max_bytes or 0
+        if slot.held + nbytes > budget:
+            return _over_budget(slot.held + nbytes, budget)
+        self.rejected.inc()
+        return self._bytes_spent(nbytes)
+
+    def _counts(self) -> dict[str, int | None]:
+        """What a 429 is judged on, as the process counts it when it refuses."""
+        return {
+            "pending": self._current,
+            "max_pending": self.limit,
+            "held_bytes": self._held,
+            "max_held_bytes": self.max_bytes,
+        }
+
+    def _bytes_spent(self, wanted: int) -> Overloaded:
+        return Overloaded(
+            f"the requests pending here hold {self._held} of {self.max_bytes} bytes, "
+            f"{wanted} more do not fit; retry",
+            retry_after=1,
+            details={**self._counts(), "wanted_bytes": wanted},
+        )
 
     def _release(self, nbytes: int) -> None:
         self._current -= 1
         self._held -= nbytes
         self.pending.dec()
         self.held_bytes.dec(nbytes)
-
-
-def _bytes_spent(budget: int) -> Overloaded:
-    return Overloaded(
-        f"the requests pending here hold their share of {budget} bytes; retry", retry_after=1
-    )
 
 
 def _over_budget(size: int, budget: int) -> PayloadTooLarge:

@@ -16,6 +16,7 @@ from .errors import AdminRequired, ControlRoutesDisabled, send_error
 
 __all__ = [
     "ADMIN_KEY_ENV",
+    "TENANT_HEADER",
     "ApiKeyMiddleware",
     "ControlAccess",
     "api_keys",
@@ -26,6 +27,12 @@ __all__ = [
 
 _PRINCIPAL = "tandem_principal"
 _ADMIN = "tandem_admin"
+
+TENANT_HEADER = "x-tandem-tenant"
+"""Set by a front door on what it sends a node: the digest of the key its caller was let in
+with (``principal_of`` at the door). A node takes it only from a key it was told is a door's
+(``ApiKeyMiddleware``'s ``proxy_key``), so tenants behind one door keep apart what they leave
+on the node (held items) as if each had called it with its own key."""
 
 ADMIN_KEY_ENV = "TANDEM_ADMIN_API_KEY"
 """Environment variable with the admin keys when no ``--admin-api-key`` is given (several:
@@ -75,14 +82,30 @@ class ApiKeyMiddleware:
         api_key: str | Sequence[str] | None,
         open_paths: Iterable[str] = ("/health",),
         admin_key: str | Sequence[str] | None = None,
+        proxy_key: str | Sequence[str] | None = None,
     ) -> None:
         self.app = app
         self._keys = [(k.encode("utf-8"), _digest(k), False) for k in api_keys(api_key)]
         self._keys += [(k.encode("utf-8"), _digest(k), True) for k in api_keys(admin_key)]
         self._open = not api_keys(api_key)
         self._open_paths = frozenset(open_paths)
+        self._proxies = frozenset(_digest(k) for k in api_keys(proxy_key))
+        """Principals of front doors: their ``TENANT_HEADER`` names the caller (``proxy_key``,
+        keys that must also be among the inference or admin keys)."""
 
     def _principal(self, scope: Scope) -> tuple[str, bool] | None:
+        found = self._key_principal(scope)
+        if found is None or found[0] not in self._proxies:
+            return found
+        for name, value in scope.get("headers", ()):
+            if name == TENANT_HEADER.encode():
+                # Namespaced by the door's own principal: a door can name its callers, never
+                # a caller with a key of its own on this node.
+                tenant = value.decode("latin-1").strip()[:128]
+                return _digest(f"{found[0]}/{tenant}"), found[1]
+        return found
+
+    def _key_principal(self, scope: Scope) -> tuple[str, bool] | None:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")

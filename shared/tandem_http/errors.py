@@ -37,6 +37,7 @@ from .request_id import REQUEST_ID_HEADER, request_id_of
 __all__ = [
     "AdminRequired",
     "BadRequest",
+    "BodyTimeout",
     "ControlRoutesDisabled",
     "MmEmbedsDisabled",
     "ModelNotFound",
@@ -94,6 +95,14 @@ class Overloaded(TandemHTTPError):
 
     status_code = 429
     type = error_types.OVERLOADED
+
+
+class BodyTimeout(TandemHTTPError):
+    """The request body stalled or trickled past the server's deadline (``BodyDeadline``):
+    the request is dropped unrun and its admission slot freed; the connection is closed."""
+
+    status_code = 408
+    type = error_types.BODY_TIMEOUT
 
 
 class AdminRequired(TandemHTTPError):
@@ -207,6 +216,9 @@ async def _handle_known(request: Request, exc: Exception) -> Response:
     headers: dict[str, str] = {}
     if status in (429, 503) and exc.retry_after is not None:
         headers["Retry-After"] = str(max(0, math.ceil(exc.retry_after)))
+    if status == 408:
+        # RFC 9110 15.5.9: the rest of the body may still come; the connection is not reused.
+        headers["Connection"] = "close"
     if status >= 500:
         logger.warning("%s (request id %s): %s", exc.type, request_id_of(request), exc.message)
     return error_response(

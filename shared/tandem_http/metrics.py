@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
+    Metric,
     generate_latest,
     multiprocess,
 )
@@ -39,9 +42,31 @@ def metrics_registry(own: CollectorRegistry | None = None) -> CollectorRegistry:
     return own if own is not None else REGISTRY
 
 
-def metrics_response(own: CollectorRegistry | None = None) -> Response:
-    """The ``GET /metrics`` answer: Prometheus text exposition of metrics_registry(own)."""
-    return Response(generate_latest(metrics_registry(own)), media_type=CONTENT_TYPE_LATEST)
+def metrics_response(
+    own: CollectorRegistry | None = None,
+    keep: Callable[[dict[str, str]], bool] | None = None,
+) -> Response:
+    """The ``GET /metrics`` answer: Prometheus text exposition of metrics_registry(own);
+    ``keep`` (given a series' labels) drops the series it says no to (in multiprocess mode the
+    files keep every series a worker ever wrote, those of nodes long gone included)."""
+    registry: Any = metrics_registry(own)
+    if keep is not None:
+        registry = _Kept(registry, keep)
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _Kept:
+    """A registry's metrics with only the series ``keep`` says yes to (a collector
+    ``generate_latest`` reads as it reads a registry)."""
+
+    def __init__(self, registry: CollectorRegistry, keep: Callable[[dict[str, str]], bool]):
+        self.registry = registry
+        self.keep = keep
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            metric.samples = [s for s in metric.samples if self.keep(s.labels)]
+            yield metric
 
 
 def prepare_multiprocess_dir(path: Path | None = None) -> Path:

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from .auth import ApiKeyMiddleware
-from .body import AcceptEncodingMiddleware
+from .body import AcceptEncodingMiddleware, BodyDeadline, BodyDeadlineMiddleware
 from .errors import install_error_handlers
 from .memory import startup_objects_frozen
 from .request_id import RequestIdMiddleware
@@ -23,13 +23,17 @@ def service_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
     api_key: str | Sequence[str] | None,
     admin_key: str | Sequence[str] | None = None,
+    body_deadline: BodyDeadline | None = None,
+    proxy_key: str | Sequence[str] | None = None,
 ) -> FastAPI:
     """An app with the API-key check (``/health`` open; ``admin_key``: the keys that may also
-    change engine state, see ``ControlAccess``), request ids, the error handlers and
+    change engine state, see ``ControlAccess``; ``proxy_key``: the keys of front doors, whose
+    ``TENANT_HEADER`` names their caller), request ids, the error handlers and
     ``Accept-Encoding: zstd`` on every answer (its routes read bodies with ``read_body``, which
-    decodes them). FastAPI's own schema route is off: its routes read raw wire bodies, so each
-    service serves a document with their schemas filled in (``tandem_http.openapi``). While it
-    serves, the objects its start-up left are frozen out of the cyclic garbage collector
+    decodes them), and every request body on ``body_deadline`` (408 ``body_timeout`` past it).
+    FastAPI's own schema route is off: its routes read raw wire bodies, so each service serves
+    a document with their schemas filled in (``tandem_http.openapi``). While it serves, the
+    objects its start-up left are frozen out of the cyclic garbage collector
     (``startup_objects_frozen``)."""
 
     @asynccontextmanager
@@ -40,9 +44,15 @@ def service_app(
 
     app = FastAPI(title=title, lifespan=serving, openapi_url=None)
     app.add_middleware(
-        ApiKeyMiddleware, api_key=api_key, admin_key=admin_key, open_paths=("/health",)
+        ApiKeyMiddleware,
+        api_key=api_key,
+        admin_key=admin_key,
+        open_paths=("/health",),
+        proxy_key=proxy_key,
     )
     app.add_middleware(RequestIdMiddleware)
+    # Outside the key check and the routes alike: whoever reads a body reads it on time.
+    app.add_middleware(BodyDeadlineMiddleware, deadline=body_deadline)
     # Outermost: 401s and the error handlers' answers advertise it too.
     app.add_middleware(AcceptEncodingMiddleware)
     install_error_handlers(app)

@@ -28,6 +28,7 @@ __all__ = [
     "body_coding",
     "compress_zstd",
     "decode_body",
+    "declared_decoded_size",
 ]
 
 IDENTITY = "identity"
@@ -157,6 +158,24 @@ def decode_body(body: bytes, coding: str, max_bytes: int) -> bytes:
     if not out:
         raise MalformedBody("the body holds no zstd frame, only skippable ones")
     return out[0] if len(out) == 1 else b"".join(out)
+
+
+def declared_decoded_size(body: bytes, coding: str) -> int | None:
+    """The size ``body`` says it decodes to, read from its first frame's header without
+    decoding anything: exact for the one sized frame every Tandem sender writes (a body of
+    more frames decodes to more); None when the first frame does not say (or is skippable,
+    or the header is malformed: ``decode_body`` judges those)."""
+    if coding == IDENTITY:
+        return len(body)
+    if coding != ZSTD or len(body) < 4:
+        return None
+    if int.from_bytes(body[:4], "little") != _FRAME_MAGIC:
+        return None
+    try:
+        size = zstandard.get_frame_parameters(body).content_size
+    except zstandard.ZstdError:
+        return None
+    return None if size == zstandard.CONTENTSIZE_UNKNOWN else int(size)
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:

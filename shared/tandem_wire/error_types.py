@@ -27,6 +27,10 @@ UNAVAILABLE = "unavailable"
 """503 from routing."""
 SHUTTING_DOWN = "shutting_down"
 """503: the server is draining before it exits; the request was not run (retry elsewhere)."""
+BODY_TIMEOUT = "body_timeout"
+"""408: the request body did not arrive in time (nothing for ``--body-timeout-s``, or slower on
+average than ``--body-min-rate`` past that grace); the request was not run, its connection is
+closed."""
 HTTP_ERROR = "http_error"
 """Any other 4xx raised by routing."""
 INTERNAL_ERROR = "internal_error"

@@ -7,14 +7,13 @@ a worker grow by 10.5 GB and answer 400 after 49 s.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
-import psutil
 import pytest
 
+from tools.hostile import PeakRss
 from tools.servers import ServerProcess, tandem_render
 from tools.tiny_models import ensure_model
 
@@ -33,33 +32,6 @@ def render_server() -> Iterator[ServerProcess]:
     with tandem_render(str(ensure_model("qwen2-vl"))) as server:
         server.wait_healthy(timeout=300)
         yield server
-
-
-class PeakRss:
-    """The highest resident size of a process while the block runs, sampled every 5 ms."""
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.baseline = self.peak = self.process.memory_info().rss
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._done.wait(0.005):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.baseline
 
 
 def huge_images_request(server: ServerProcess, count: int) -> tuple[httpx.Response, float, int]:

@@ -39,6 +39,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     wire.UnsupportedContentEncoding: tc.BadRequestError,
     wire.PayloadTooLarge: tc.PayloadTooLargeError,
     http.BodyTooLarge: tc.PayloadTooLargeError,
+    http.BodyTimeout: tc.BadRequestError,
     # shared by both services
     http.BadRequest: tc.BadRequestError,
     http.ModelNotFound: tc.ModelNotFoundError,

@@ -14,10 +14,13 @@ from ..errors import MediaError, MediaFetchFailed, MediaTooLarge, MediaUrlForbid
 from .addresses import IPAddress, is_allowed_domain, is_public, literal_ip, unmap
 from .policy import MediaPolicy
 
-__all__ = ["HttpFetcher", "Resolver"]
+__all__ = ["Charge", "HttpFetcher", "Resolver"]
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """Maps ``(host, port)`` to the IP addresses a connection would use."""
+
+Charge = Callable[[int], None]
+"""Told of ``n`` more bytes a request is about to hold (a ``Slot.take``); raises to refuse."""
 
 _REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 _MAX_URL_ECHO = 100
@@ -77,17 +80,18 @@ class HttpFetcher:
         if self._owns_client:
             await self._client.aclose()
 
-    async def fetch(self, url: str) -> bytes:
-        """The body behind an http(s) ``url``; raises a :class:`MediaError` subclass."""
+    async def fetch(self, url: str, charge: Charge | None = None) -> bytes:
+        """The body behind an http(s) ``url``; raises a :class:`MediaError` subclass.
+        ``charge`` is told of its bytes before they are held (see ``_read_capped``)."""
         try:
             async with asyncio.timeout(self.policy.fetch_timeout_s):
-                return await self._follow(url)
+                return await self._follow(url, charge)
         except (TimeoutError, httpx.TimeoutException):
             raise MediaFetchFailed("timed out fetching media") from None
         except httpx.HTTPError:
             raise MediaFetchFailed("could not fetch media (connection failed)") from None
 
-    async def _follow(self, url: str) -> bytes:
+    async def _follow(self, url: str, charge: Charge | None) -> bytes:
         current = _parse_http_url(url)
         for _ in range(self.policy.max_redirects + 1):
             target = await self._vet(current)
@@ -108,7 +112,7 @@ class HttpFetcher:
                     continue
                 if not 200 <= response.status_code < 300:
                     raise MediaFetchFailed(f"media server answered HTTP {response.status_code}")
-                return await self._read_capped(response)
+                return await self._read_capped(response, charge)
         raise MediaFetchFailed(f"more than {self.policy.max_redirects} redirects")
 
     async def _vet(self, url: httpx.URL) -> _Target:
@@ -162,11 +166,16 @@ class HttpFetcher:
             raise MediaFetchFailed(f"could not resolve media host: {_short(host)}")
         return ips
 
-    async def _read_capped(self, response: httpx.Response) -> bytes:
+    async def _read_capped(self, response: httpx.Response, charge: Charge | None) -> bytes:
+        """The body, at most the media cap; ``charge`` gets its Content-Length before any of
+        it is read, and any bytes past what that said as they arrive."""
         limit = self.policy.max_media_bytes
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise MediaTooLarge(f"media is larger than {limit} bytes")
+        charged = int(declared) if declared.isdigit() else 0
+        if charge is not None and charged:
+            charge(charged)
         # We asked for identity. A server sending a compressed body anyway would have it
         # inflated a whole chunk at a time (a few kB of gzip can become gigabytes) before the
         # cap could look, so it is refused; the bytes counted are the bytes received.
@@ -180,6 +189,9 @@ class HttpFetcher:
             body += chunk
             if len(body) > limit:
                 raise MediaTooLarge(f"media is larger than {limit} bytes")
+            if charge is not None and len(body) > charged:
+                charge(len(body) - charged)
+                charged = len(body)
         return bytes(body)
 
 

@@ -12,7 +12,7 @@ from PIL import Image
 from ..errors import MediaSchemeNotAllowed
 from .audio import AudioHeader, check_audio_bytes
 from .checks import check_image_bytes, open_image
-from .fetch import HttpFetcher, Resolver
+from .fetch import Charge, HttpFetcher, Resolver
 from .policy import MediaPolicy
 from .sources import decode_data_url, read_file
 
@@ -44,21 +44,29 @@ class MediaLoader:
         """Close the HTTP client if this loader created it."""
         await self._http.aclose()
 
-    async def load_bytes(self, url: str) -> bytes:
-        """The bytes behind ``url``; raises a :class:`MediaError` subclass when refused."""
+    async def load_bytes(self, url: str, charge: Charge | None = None) -> bytes:
+        """The bytes behind ``url``; raises a :class:`MediaError` subclass when refused.
+        ``charge`` (a request's ``Slot.take``) is told of the bytes before they are held: a
+        fetch's as they arrive (its Content-Length first), a data URL's decoded size before
+        it is decoded, a file's size once read; it refuses (429/413) what does not fit."""
         scheme = _split_scheme(url)
         limit = self.policy.max_media_bytes
         if scheme == "file":
             root = self.policy.allowed_local_media_path
             if root is None:
                 raise MediaSchemeNotAllowed("file: media URLs are not enabled on this server")
-            return await asyncio.to_thread(read_file, url, root, limit)
+            data = await asyncio.to_thread(read_file, url, root, limit)
+            if charge is not None:
+                charge(len(data))
+            return data
         if scheme not in self.policy.allowed_schemes:
             raise MediaSchemeNotAllowed(f"media URL scheme {scheme!r} is not allowed")
         if scheme == "data":
+            if charge is not None:
+                charge(min(limit, len(url) * 3 // 4))  # base64's decoded size, at most
             return decode_data_url(url, limit)
         if scheme in ("http", "https"):
-            return await self._http.fetch(url)
+            return await self._http.fetch(url, charge)
         raise MediaSchemeNotAllowed(f"media URL scheme {scheme!r} is not supported")
 
     def open_image(self, data: bytes) -> Image.Image:

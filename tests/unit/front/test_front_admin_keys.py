@@ -4,9 +4,12 @@ key, and inference calls keep the upstream inference key."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from tandem_front.app import create_app
+from tandem_http import TENANT_HEADER
 from tandem_wire.control import CONTROL_ROUTES
 from tests.support.asgi import app_client
 
@@ -108,3 +111,17 @@ async def test_with_admin_keys_only_inference_stays_open_and_control_does_not():
             assert (r.status_code, r.json()["error"]["type"]) == (403, "admin_required")
         assert not any(p == "/pause" for n in f.nodes.values() for p, _, _ in n.seen)
         assert (await c.post("/pause", headers=bearer(ADMIN))).status_code == 200
+
+
+async def test_the_nodes_are_told_which_caller_a_request_is_for_and_callers_cannot_say():
+    s = keyed(api_key=(INFERENCE, "other-inference"))
+    f = fleet()
+    async with app_client(create_app(s, Texts(), f)) as c:
+        for key in (INFERENCE, "other-inference"):
+            headers = {**bearer(key), TENANT_HEADER: "someone-else"}
+            r = await c.post("/inference/v1/generate", json=generate_body(key), headers=headers)
+            assert r.status_code == 200, r.text
+            _, _, sent = f.nodes[winner(key, s)].seen[-1]
+            # The door's upstream key, and the digest of the caller's key as the tenant.
+            assert sent["authorization"] == "Bearer up-inference"
+            assert sent[TENANT_HEADER] == hashlib.sha256(key.encode()).hexdigest()[:32]

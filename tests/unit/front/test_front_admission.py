@@ -15,8 +15,7 @@ from tandem_front.__main__ import parse_args
 from tandem_front.app import create_app
 from tandem_front.upstreams import Upstreams
 from tandem_http import MAX_BODY_HEADER, Drain, DrainingConfig
-from tests.support.asgi import app_client
-from tests.unit.http.test_admission import BodyCall, until
+from tests.support.asgi import BodyCall, app_client, until
 
 from .test_front_routing import Fleet, Node, Texts, fleet, settings
 

@@ -232,3 +232,23 @@ def test_bad_node_specs_are_refused_with_the_entry_named():
     for spec in ("dns+https://g:8200", "dns+http://g", "ftp://g", "dns+http://g:8200/x"):
         with pytest.raises(ValueError, match="g"):
             settings(generate_urls=(spec,))
+
+
+async def test_a_node_that_leaves_takes_its_metric_series_with_it():
+    # Every address a name ever had was a label set kept for the door's life.
+    net = Network(["10.0.0.1", "10.0.0.2"])
+    app = create_app(settings(), object(), net, resolve=net.resolve)
+    gone = 'node="http://10.0.0.2:8200"'
+    async with app_client(app) as c:
+        await placement(c)
+        net.down.add("10.0.0.2")  # its error series too, beside its latency ones
+        await placement(c)
+        assert gone in (await c.get("/metrics")).text
+        net.answer = ["10.0.0.1"]
+        await resolve_again(app)
+        text = (await c.get("/metrics")).text
+        metrics = app.state.forwarder.metrics
+    assert gone not in text
+    assert 'node="http://10.0.0.1:8200"' in text
+    for metric in (metrics.upstream_latency, metrics.upstream_errors):
+        assert all("http://10.0.0.2:8200" not in labels for labels in metric._metrics)

@@ -22,8 +22,7 @@ from starlette.routing import Route
 
 from tandem_front.app import create_app
 from tandem_wire import GenerateRequest, WireFormat, encode_generate_requests
-from tests.support.asgi import AsgiCall, app_client
-from tests.unit.http.test_admission import BodyCall
+from tests.support.asgi import AsgiCall, BodyCall, app_client
 
 from .test_front_routing import Fleet, fleet, generate_body, settings
 

@@ -412,3 +412,17 @@ async def test_logprobs_in_the_shape_trl_parses(mode, request_id, header, trl):
         assert parse_logprobs([r.json()["choices"][0]["logprobs"]]) == ([[[-0.5]]], [[[5]]])
     else:
         assert r.content == json.dumps(LOGPROBS, separators=(",", ":")).encode()
+
+
+async def test_server_info_is_one_nodes_answer_asked_of_one_node():
+    # Each node's config is the same model's: asking every node only multiplied the config
+    # (and whatever it carried) by the fleet. The next node answers when the first cannot.
+    f = fleet()
+    async with app_client(create_app(settings(), Texts(), f)) as c:
+        r = await c.get("/server_info")
+        assert r.status_code == 200 and r.json()["node"] == "g1"
+        assert [len(f.nodes[n].seen) for n in ("g1", "g2", "g3")] == [1, 0, 0]
+        f.down.add("g1")
+        r = await c.get("/server_info")
+        assert r.status_code == 200 and r.json()["node"] == "g2"
+    assert [len(f.nodes[n].seen) for n in ("g1", "g2", "g3")] == [1, 1, 0]

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+import tandem_http.body as http_body
 from tandem_client.routing import ROUTE_KEY_HEADER
-from tandem_front import affinity
 from tandem_front.app import create_app
 from tests.support import zstd_bodies
 from tests.support.asgi import app_client
@@ -35,23 +35,24 @@ ZSTD_JSON = {"content-type": "application/json", "content-encoding": "zstd"}
 
 
 class GatedDecode:
-    """The door's ``decode_body``, held until the test lets it go: a decode that runs off the
-    event loop waits in its thread while other requests are served; one on the event loop
-    holds every request until the gate gives up (``released`` then says False)."""
+    """The one ``decode_body`` every service decodes bodies with (``tandem_http.decoded``),
+    held until the test lets it go: a decode that runs off the event loop waits in its thread
+    while other requests are served; one on the event loop holds every request until the gate
+    gives up (``released`` then says False)."""
 
     GIVE_UP_S = 30.0
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.started, self.gate = threading.Event(), threading.Event()
         self.released: list[bool] = []
-        real = affinity.decode_body
+        real = http_body.decode_body
 
         def decode(body: bytes, coding: str, max_bytes: int) -> bytes:
             self.started.set()
             self.released.append(self.gate.wait(self.GIVE_UP_S))
             return real(body, coding, max_bytes)
 
-        monkeypatch.setattr(affinity, "decode_body", decode)
+        monkeypatch.setattr(http_body, "decode_body", decode)
 
     async def wait_started(self) -> None:
         deadline = time.monotonic() + self.GIVE_UP_S

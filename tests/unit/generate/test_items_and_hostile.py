@@ -8,6 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from tandem_http import TENANT_HEADER
 from tandem_wire import (
     BatchedLayout,
     FieldElem,
@@ -498,3 +499,21 @@ async def test_held_items_are_scoped_by_api_key_too(qwen2_engine, qwen2_renderer
         assert err["error"]["type"] == "mm_cache_miss"
         c.headers["authorization"] = "Bearer key-a"
         assert len(tokens(await post(c, without_data(mine)))) == 8
+
+
+async def test_held_items_are_scoped_by_the_doors_tenant(qwen2_engine, qwen2_renderer, qwen2_dir):
+    # Before, every caller behind a door reached this node under the door's one key: tenant B
+    # learnt from a hit (not a 409) that tenant A had sent this image.
+    req = await render(qwen2_renderer, qwen2_dir, [27], **GREEDY)
+    app = generate_app(qwen2_engine, qwen2_dir, api_key=("door", "direct"), door_api_key="door")
+    async with app_client(app) as c:
+        c.headers.update({"authorization": "Bearer door", TENANT_HEADER: "tenant-a"})
+        await post(c, req)
+        c.headers[TENANT_HEADER] = "tenant-b"
+        err = await post(c, without_data(req), expect=409)
+        assert err["error"]["type"] == "mm_cache_miss"
+        # A key the node does not know as a door's names no tenant: its own scope, as before.
+        c.headers.update({"authorization": "Bearer direct", TENANT_HEADER: "tenant-a"})
+        await post(c, without_data(req), expect=409)
+        c.headers.update({"authorization": "Bearer door", TENANT_HEADER: "tenant-a"})
+        assert len(tokens(await post(c, without_data(req)))) == 8

@@ -238,10 +238,21 @@ async def test_version_label_without_new_weights(app, qwen2_dir, weight_dir):
         assert (await c.get("/weight_info")).json()["weight_version"] == "relabelled"
 
 
-async def test_server_info_and_world_size_answer_as_trl_reads_them(app):
+async def test_server_info_and_world_size_answer_as_trl_reads_them(app, qwen2_engine):
+    # A token the engine was started with (--hf-token) is never served: any inference key
+    # may read this route, and vLLM serves its config only in dev mode.
+    model_config = qwen2_engine.vllm_config.model_config
+    saved, model_config.hf_token = model_config.hf_token, "hf_not_for_callers"
+    try:
+        async with app_client(app) as c:
+            r = await c.get("/server_info", params={"config_format": "json"})
+    finally:
+        model_config.hf_token = saved
+    assert "hf_not_for_callers" not in r.text
+    info = r.json()
+    assert info["vllm_config"]["model_config"]["hf_token"] == "<redacted>"
+    assert info["vllm_config"]["weight_transfer_config"] == {"backend": "tandem_file"}
     async with app_client(app) as c:
-        info = (await c.get("/server_info", params={"config_format": "json"})).json()
-        assert info["vllm_config"]["weight_transfer_config"] == {"backend": "tandem_file"}
         assert (await c.get("/get_world_size")).json() == {"world_size": 1}
         assert (await c.get("/is_paused")).json() == {"is_paused": False}
 
@@ -326,3 +337,36 @@ async def test_an_update_while_requests_run_leaves_no_old_kv_to_reuse(
         answer = await running
     assert len(tokens(answer)) == 2000
     assert answer["choices"][0]["weight_versions"][-1]["version"] == "same-weights"
+
+
+def test_secrets_and_connector_settings_are_redacted_wherever_they_sit():
+    from tandem_generate.control import REDACTED, scrubbed
+
+    dump = {
+        "model_config": {"hf_token": "t", "tokenizer": "x", "max_model_len": 5, "hf_overrides": {}},
+        "kv_transfer_config": {
+            "kv_connector": "NixlConnector",
+            "kv_connector_extra_config": {"bucket_credentials": "c", "endpoint": "e"},
+        },
+        "additional_config": {"store_api_key": "k", "nodes": [{"password": "p", "port": 1}]},
+        "speculative_config": None,
+        "cache_config": {"secret_unset": None},
+    }
+    assert scrubbed(dump) == {
+        "model_config": {
+            "hf_token": REDACTED,
+            "tokenizer": "x",
+            "max_model_len": 5,
+            "hf_overrides": {},
+        },
+        "kv_transfer_config": {
+            "kv_connector": "NixlConnector",
+            "kv_connector_extra_config": REDACTED,
+        },
+        "additional_config": {
+            "store_api_key": REDACTED,
+            "nodes": [{"password": REDACTED, "port": 1}],
+        },
+        "speculative_config": None,
+        "cache_config": {"secret_unset": None},
+    }

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import threading
 
 import httpx
 import pytest
+import zstandard
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
+import tandem_http.body as http_body
 from tandem_http import (
     AdmissionGate,
     HeldStreamingResponse,
@@ -21,7 +23,7 @@ from tandem_http import (
 )
 from tandem_wire import PayloadTooLarge, compress_zstd
 
-from ...support.asgi import AsgiCall
+from ...support.asgi import AsgiCall, BodyCall, until
 
 pytestmark = pytest.mark.anyio
 
@@ -140,64 +142,6 @@ async def test_a_failing_handler_frees_its_slot() -> None:
 # Admission by bytes: the bodies a process holds, counted before they are read.
 
 
-class BodyCall:
-    """One request driven by hand: its body is handed over in ``chunks`` as the app asks,
-    and the chunks the app asked for are counted (a refused body is never asked for)."""
-
-    def __init__(
-        self, app, path: str, chunks: list[bytes], *, declare: bool = True, hold: bool = False
-    ) -> None:
-        self.chunks = list(chunks)
-        self.asked = 0
-        self.gone = asyncio.Event()
-        self.messages: list[dict] = []
-        headers = [(b"content-type", b"application/json")]
-        if declare:
-            headers.append((b"content-length", str(sum(map(len, chunks))).encode()))
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": headers,
-            "client": ("127.0.0.1", 50000),
-            "server": ("app", 80),
-            "state": {},
-        }
-        self.task = asyncio.ensure_future(app(scope, self._receive, self._send))
-
-    async def _receive(self) -> dict:
-        if self.asked < len(self.chunks):
-            self.asked += 1
-            more = self.asked < len(self.chunks)
-            return {"type": "http.request", "body": self.chunks[self.asked - 1], "more_body": more}
-        await self.gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def _send(self, message: dict) -> None:
-        self.messages.append(message)
-
-    async def answer(self) -> tuple[int, dict[str, str], bytes]:
-        with contextlib.suppress(RuntimeError):  # Starlette re-raises after answering 500
-            await asyncio.wait_for(self.task, 30)
-        start = self.messages[0]
-        headers = {k.decode(): v.decode() for k, v in start["headers"]}
-        return start["status"], headers, b"".join(m.get("body", b"") for m in self.messages[1:])
-
-
-async def until(condition) -> None:
-    for _ in range(3000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never met")
-
-
 async def test_past_the_byte_budget_the_answer_is_429_before_any_of_the_body_is_read() -> None:
     app, gate, seen = gate_app(limit=10, max_bytes=1000)
     holder = BodyCall(app, "/work", [b"a" * 700])
@@ -311,3 +255,92 @@ def test_the_gate_counts_bytes_beside_requests() -> None:
     assert (gate.held, gate.current) == (0, 0)
     unbounded = AdmissionGate(5, "tandem_nobudget", CollectorRegistry(), max_bytes=0)
     unbounded.admit(1 << 40).release()
+
+
+# Decoded copies: charged before they are allocated, within the room the budget has left.
+
+
+def zstd_call(app, path: str, frame: bytes) -> AsgiCall:
+    headers = {"content-length": str(len(frame)), "content-encoding": "zstd"}
+    return AsgiCall(app, "POST", path, frame, headers)
+
+
+class Inflated:
+    """The bytes decode_body was asked to produce at most, call by call (its cap)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.caps: list[int] = []
+        real = http_body.decode_body
+
+        def decode(body: bytes, coding: str, max_bytes: int) -> bytes:
+            self.caps.append(max_bytes)
+            return real(body, coding, max_bytes)
+
+        monkeypatch.setattr(http_body, "decode_body", decode)
+
+
+async def test_small_bodies_that_inflate_past_the_budget_are_refused_before_they_inflate(
+    monkeypatch,
+) -> None:
+    # 8 bodies of a few hundred bytes, each declaring 64 KiB decoded, against 100 KiB: before,
+    # each was charged its wire size, inflated whole and held uncharged (512 KiB held).
+    inflated = Inflated(monkeypatch)
+    app, gate, seen = gate_app(limit=10, max_bytes=100 * 1024)
+    frame = compress_zstd(bytes(64 * 1024))
+    calls = [zstd_call(app, "/work", frame) for _ in range(8)]
+    await until(lambda: seen["bodies_read"] == 1 and sum(c.task.done() for c in calls) == 7)
+    statuses = sorted([await c.status() for c in calls if c.task.done()])
+    assert statuses == [429] * 7
+    assert inflated.caps == [64 * 1024]  # the seven were refused from the frame's header
+    assert gate.held == len(frame) + 64 * 1024 <= 100 * 1024
+    app.state.release.set()
+    await asyncio.wait_for(asyncio.gather(*(c.task for c in calls)), 10)
+    assert gate.held == 0 and gate.current == 0
+
+
+async def test_a_frame_that_does_not_declare_its_size_inflates_into_the_room_left_only(
+    monkeypatch,
+) -> None:
+    inflated = Inflated(monkeypatch)
+    app, gate, seen = gate_app(limit=10, max_bytes=100 * 1024)
+    holder = BodyCall(app, "/work", [b"a" * 30_000])
+    await until(lambda: seen["bodies_read"] == 1)
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(90_000))
+    call = zstd_call(app, "/quick", unsized)
+    assert await call.status() == 429  # 90 000 decoded do not fit beside the 30 000 held
+    room = 100 * 1024 - 30_000 - len(unsized)
+    assert inflated.caps == [room]  # inflated into the room, not the route's 1 MiB cap
+    assert gate.held == 30_000
+    app.state.release.set()
+    assert (await holder.answer())[0] == 200
+    call = zstd_call(app, "/quick", unsized)
+    assert await call.status() == 200  # alone, it fits
+    await asyncio.wait_for(call.task, 10)
+    alone = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(200_000))
+    call = zstd_call(app, "/quick", alone)
+    assert await call.status() == 413  # it passes the room of an empty process: never fits
+    assert gate.held == 0
+
+
+async def test_a_decode_runs_off_the_event_loop(monkeypatch) -> None:
+    # The decode is held in its thread until a plain request has been answered: on the
+    # event loop it would hold that request too.
+    started, go = threading.Event(), threading.Event()
+    released: list[bool] = []
+    real = http_body.decode_body
+
+    def held(body: bytes, coding: str, max_bytes: int) -> bytes:
+        started.set()
+        released.append(go.wait(10))  # False: it gave up, nothing else could run meanwhile
+        return real(body, coding, max_bytes)
+
+    monkeypatch.setattr(http_body, "decode_body", held)
+    app, gate, seen = gate_app(limit=10, max_bytes=1 << 20)
+    call = zstd_call(app, "/quick", compress_zstd(bytes(8000)))
+    await until(started.is_set)
+    plain = BodyCall(app, "/quick", [b"x" * 10])
+    assert (await plain.answer())[0] == 200
+    go.set()
+    assert await call.status() == 200
+    await asyncio.wait_for(call.task, 10)
+    assert released == [True], "the decode held the event loop"

@@ -8,6 +8,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from tandem_http import (
+    TENANT_HEADER,
     ApiKeyMiddleware,
     RequestIdMiddleware,
     install_error_handlers,
@@ -189,3 +190,32 @@ async def test_control_access(api_key, admin_key, enabled, key, refusal) -> None
         return
     assert (r.status_code, r.json()["error"]["type"]) == (403, refusal)
     assert "/pause" in r.json()["error"]["message"]
+
+
+async def test_a_doors_tenant_header_scopes_the_principal_and_nobody_elses_does() -> None:
+    # Every caller behind a door reached the nodes under the door's one key: one tenant could
+    # tell from a null entry's hit or 409 whether another had sent an image.
+    app = FastAPI()
+
+    @app.get("/who")
+    async def who(request: Request) -> dict[str, str]:
+        return {"principal": principal_of(request)}
+
+    door, caller = "door-key", "caller-key"
+    app.add_middleware(ApiKeyMiddleware, api_key=[door, caller], proxy_key=door)
+
+    async def principal(key: str, tenant: str | None = None) -> str:
+        headers = {"authorization": f"Bearer {key}"}
+        if tenant is not None:
+            headers[TENANT_HEADER] = tenant
+        async with client(app) as c:
+            return (await c.get("/who", headers=headers)).json()["principal"]
+
+    alone = await principal(door)
+    a, b = await principal(door, "tenant-a"), await principal(door, "tenant-b")
+    assert len({alone, a, b}) == 3
+    assert await principal(door, "tenant-a") == a  # stable: a tenant finds its own items
+    # A caller with its own key cannot name a tenant, nor be named by the door.
+    own = await principal(caller)
+    assert await principal(caller, "tenant-a") == own
+    assert await principal(door, own) != own

@@ -9,7 +9,7 @@ from PIL import ImageFile
 from tandem_render.app import create_app
 from tandem_render.settings import RenderSettings
 
-from ...support.asgi import app_client
+from ...support.asgi import BodyCall, app_client
 from ...support.audio import audio_bytes, input_audio_part
 from ...support.images import chat_body, data_url, mp4_bytes, png_bytes
 
@@ -154,3 +154,28 @@ def test_image_tokens_follow_vllms_own_rule(qwen2_renderer):
     assert qwen2_renderer.image_tokens(448, 448, {}) == 256
     assert qwen2_renderer.image_tokens(1024, 1024, {"max_pixels": 224 * 224}) == 64
     assert qwen2_renderer.image_tokens(8000, 8000, {}) == 1225  # shrunk to max_pixels
+
+
+async def test_decoded_media_are_charged_to_the_process_budget_before_decoding(
+    qwen2_renderer, qwen2_dir, decodes
+):
+    # Four 64x64 images: a few KB on the wire, 4 x 12 KiB decoded. Before, only their body
+    # was charged: 64 such requests fetched and decoded at once whatever the budget said.
+    body = chat_body(qwen2_dir, images(4, first_seed=700))
+    app = make_app(qwen2_renderer, qwen2_dir, max_held_bytes=4 * ONE_IMAGE - 1)
+    async with app_client(app) as c:
+        r = await c.post(CHAT, json=body)
+        assert r.status_code == 413, r.text  # could never fit this process's budget
+        assert decodes == []
+    app = make_app(qwen2_renderer, qwen2_dir, max_held_bytes=8 * ONE_IMAGE)
+    async with app_client(app) as c:
+        holder = BodyCall(
+            app, CHAT, [b"{"], declared=5 * ONE_IMAGE, ends=False
+        )  # holds 5 images' worth
+        r = await c.post(CHAT, json=body)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["details"]["wanted_bytes"] == 4 * ONE_IMAGE
+        assert decodes == []
+        holder.task.cancel()
+        r = await c.post(CHAT, json=body)
+        assert r.status_code == 200, r.text

@@ -622,3 +622,73 @@ def test_zero_size_image_is_invalid() -> None:
 def test_error_types(cls: type[MediaError], type_: str, status: int) -> None:
     assert issubclass(cls, MediaError)
     assert (cls.type, cls.status_code) == (type_, status)
+
+
+# -- fetched bytes are charged to the request before they are held ------------------------------
+
+
+class _Refused(Exception):
+    pass
+
+
+def _charged_load(url: str, client: httpx.AsyncClient, room: int) -> tuple[list[int], object]:
+    """Load ``url`` telling a charge of ``room`` bytes; (what was charged, bytes or error)."""
+    charged: list[int] = []
+
+    def charge(n: int) -> None:
+        if sum(charged) + n > room:
+            raise _Refused(n)
+        charged.append(n)
+
+    async def go() -> object:
+        loader = MediaLoader(MediaPolicy(allow_private_networks=True), client=client)
+        try:
+            return await loader.load_bytes(url, charge)
+        except _Refused as exc:
+            return exc
+        finally:
+            await loader.aclose()
+            await client.aclose()
+
+    return charged, asyncio.run(go())
+
+
+def _four_chunks(read: list[int], length: bool) -> httpx.AsyncClient:
+    """A media server answering 4 x 1000 bytes (``read``: one entry per chunk it was asked
+    for), with or without a Content-Length."""
+
+    async def body():
+        for _ in range(4):
+            read.append(1)
+            yield b"x" * 1000
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        headers = {"content-length": "4000"} if length else {}  # else chunked
+        return httpx.Response(200, headers=headers, content=body())
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+
+def test_a_fetch_is_charged_its_content_length_before_any_of_it_is_read() -> None:
+    read: list[int] = []
+    charged, got = _charged_load("http://10.0.0.7/a", _four_chunks(read, True), room=10_000)
+    assert (charged, got) == ([4000], b"x" * 4000)
+    read.clear()
+    charged, got = _charged_load("http://10.0.0.7/a", _four_chunks(read, True), room=3000)
+    assert isinstance(got, _Refused) and charged == [] and read == []
+
+
+def test_a_fetch_without_a_length_is_charged_as_it_arrives_and_stopped_past_the_room() -> None:
+    read: list[int] = []
+    charged, got = _charged_load("http://10.0.0.7/a", _four_chunks(read, False), room=2500)
+    assert isinstance(got, _Refused) and sum(charged) <= 2500 and len(read) < 4
+
+
+def test_a_data_url_is_charged_its_decoded_size_before_it_is_decoded() -> None:
+    url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+    charged, got = _charged_load(url, client, room=10**6)
+    assert got == PNG and len(PNG) <= sum(charged) <= len(url) * 3 // 4
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+    charged, got = _charged_load(url, client, room=len(PNG) // 2)
+    assert isinstance(got, _Refused)

@@ -1,0 +1,105 @@
+"""The door's OpenAI routes hold render's answer against the request's admission bytes: read
+with the generate nodes' cap, charged as it arrives, and let go (only token ids, sampling and
+ids kept) once generate has the request, streams included."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+
+import httpx
+import msgspec
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tandem_front.app import create_app
+from tandem_wire import GenerateRequest
+from tests.support.asgi import AsgiCall, app_client
+
+from .test_front_proxy_failures import CHAT, Texts, _rendered, _Stream, _token_event
+from .test_front_routing import settings
+
+pytestmark = pytest.mark.anyio
+
+PROMPT = [1000] * 50_000  # ~150 KB of msgpack: render's answer, 2 KB of chat asked for it
+
+
+class Fleet(httpx.AsyncBaseTransport):
+    """Render answers PROMPT; generate streams one token once ``go`` is set."""
+
+    def __init__(self) -> None:
+        async def render(request: Request) -> Response:
+            rendered = GenerateRequest(token_ids=PROMPT, sampling_params={"max_tokens": 1})
+            return _rendered([rendered], single=True)
+
+        app = Starlette(routes=[Route("/v1/chat/completions/render", render, methods=["POST"])])
+        self.render = httpx.ASGITransport(app=app)
+        self.go = asyncio.Event()
+        self.generate_bodies: list[int] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == "r1":
+            return await self.render.handle_async_request(request)
+        if request.method == "GET":
+            return httpx.Response(404)
+        self.generate_bodies.append(len(await request.aread()))
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=_Stream(self._events())
+        )
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        await self.go.wait()
+        yield _token_event(5, "length")
+        yield b"data: [DONE]\n\n"
+
+
+def door(**kw):
+    fleet = Fleet()
+    s = settings(render_urls=("http://r1",), generate_urls=("http://g1",), **kw)
+    return create_app(s, Texts(), fleet), fleet
+
+
+async def held(c: httpx.AsyncClient) -> int:
+    text = (await c.get("/metrics")).text
+    return int(float(re.search(r"^tandem_front_held_bytes (\S+)$", text, re.M).group(1)))
+
+
+async def test_renders_answer_is_charged_to_the_request():
+    # Before, a 2 KB chat body held render's whole answer uncharged: here 150 KB past a
+    # 64 KiB budget, answered as if the door held nothing.
+    app, fleet = door(max_held_bytes=64 * 1024)
+    async with app_client(app) as c:
+        r = await c.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["type"] == "payload_too_large"
+    assert fleet.generate_bodies == []
+
+
+async def test_renders_answer_past_what_generate_takes_is_refused_as_it_arrives():
+    app, fleet = door(max_body_bytes=100_000, follow_generate_body_cap=False)
+    async with app_client(app) as c:
+        r = await c.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 413, r.text
+    assert "100000" in r.json()["error"]["message"]
+    assert fleet.generate_bodies == []
+
+
+async def test_once_generate_has_the_request_the_stream_holds_only_the_callers_request():
+    app, fleet = door(max_held_bytes=1 << 20)
+    body = msgspec.json.encode({**CHAT, "stream": True})
+    async with app_client(app) as c:
+        call = AsgiCall(
+            app, "POST", "/v1/chat/completions", body, {"content-length": str(len(body))}
+        )
+        assert await call.status() == 200
+        assert fleet.generate_bodies and fleet.generate_bodies[0] > 100_000
+        # Mid-stream: render's answer and the copy sent on are given back; the body and the
+        # document parsed from it (charged as much again) are what the answer is written from.
+        assert await held(c) == 2 * len(body)
+        fleet.go.set()
+        await asyncio.wait_for(call.task, 10)
+        assert await held(c) == 0

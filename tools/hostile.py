@@ -1,0 +1,246 @@
+"""Hostile clients against running services, for the budget tests and their measurements:
+bodies that trickle, bodies that inflate, and how long a normal request waits beside them.
+
+``python -m tools.hostile slow URL PATH`` and ``python -m tools.hostile zstd URL PATH PID``
+print what one attack does to a running server (the before/after figures on
+``docs/hostile-and-soak.md`` come from these).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+
+__all__ = [
+    "PeakRss",
+    "SlowBodies",
+    "inflating_body",
+    "serve_time",
+]
+
+
+@dataclass
+class SlowBodies:
+    """``count`` connections that each declare a ``declared``-byte JSON body and send one byte
+    of it every ``every_s`` seconds, until the server answers (its status is kept) or they are
+    stopped. Open with ``with``; ``holding`` says how many have no answer yet."""
+
+    url: str
+    path: str
+    count: int
+    declared: int = 4096
+    every_s: float = 1.0
+    headers: dict[str, str] = field(default_factory=dict)
+    statuses: list[int | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._socks: list[socket.socket | None] = []
+        self._thread = threading.Thread(target=self._trickle, daemon=True)
+
+    def __enter__(self) -> SlowBodies:
+        parts = urlsplit(self.url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        head = [
+            f"POST {self.path} HTTP/1.1",
+            f"Host: {host}:{port}",
+            "Content-Type: application/json",
+            f"Content-Length: {self.declared}",
+            *(f"{k}: {v}" for k, v in self.headers.items()),
+        ]
+        for _ in range(self.count):
+            sock = socket.create_connection((host, port), timeout=30)
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + b"{")
+            sock.setblocking(False)
+            self._socks.append(sock)
+            self.statuses.append(None)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for sock in self._socks:
+            if sock is not None:
+                sock.close()
+
+    @property
+    def holding(self) -> int:
+        return sum(s is None for s in self.statuses)
+
+    def _trickle(self) -> None:
+        while not self._stop.wait(self.every_s):
+            for i, sock in enumerate(self._socks):
+                if sock is None:
+                    continue
+                answer = b""
+                try:
+                    answer = sock.recv(65536)
+                except BlockingIOError:
+                    try:
+                        sock.send(b" ")
+                        continue
+                    except OSError:
+                        pass
+                except OSError:
+                    pass
+                line = answer.split(b"\r\n", 1)[0].split()
+                self.statuses[i] = int(line[1]) if len(line) > 1 and line[1].isdigit() else 0
+                sock.close()
+                self._socks[i] = None
+
+
+def serve_time(
+    post: Callable[[], httpx.Response], limit_s: float, *, retry_s: float = 0.5
+) -> tuple[float | None, list[int]]:
+    """Seconds until ``post`` is answered 2xx, asking again every ``retry_s`` while it is
+    refused (429, 503) or fails to connect; None if not within ``limit_s``. Also every status
+    seen."""
+    start = time.monotonic()
+    seen: list[int] = []
+    while time.monotonic() - start < limit_s:
+        try:
+            status = post().status_code
+        except httpx.TransportError:
+            status = 0
+        seen.append(status)
+        if 200 <= status < 300:
+            return time.monotonic() - start, seen
+        time.sleep(retry_s)
+    return None, seen
+
+
+def inflating_body(document: dict[str, Any], pad_bytes: int) -> tuple[bytes, int]:
+    """A zstd frame (its size declared) of ``document`` as JSON with a string of
+    ``pad_bytes`` spaces added under ``"pad"``: a few KB on the wire, ``pad_bytes`` decoded.
+    Returns (frame, decoded size)."""
+    from tandem_wire import compress_zstd
+
+    text = json.dumps(document).encode()
+    plain = text[:-1] + b', "pad": "' + b" " * pad_bytes + b'"}'
+    return compress_zstd(plain), len(plain)
+
+
+class PeakRss:
+    """The highest resident size of some processes (summed) while the block runs, sampled
+    every 5 ms; ``growth`` is the peak over the size at the start."""
+
+    def __init__(self, *pids: int) -> None:
+        self.processes = [psutil.Process(p) for p in pids]
+        self.baseline = self.peak = self._rss()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _rss(self) -> int:
+        return sum(p.memory_info().rss for p in self.processes)
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, self._rss())
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.baseline
+
+
+@contextmanager
+def concurrently(calls: list[Callable[[], Any]]) -> Iterator[list[Any]]:
+    """Runs every call in its own thread; the results (or exceptions) once the block ends."""
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:  # reported, not raised: the caller judges
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    try:
+        yield results
+    finally:
+        for t in threads:
+            t.join()
+
+
+def _main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    sub = p.add_subparsers(dest="attack", required=True)
+    slow = sub.add_parser("slow", help="slow bodies beside a normal request")
+    slow.add_argument("url")
+    slow.add_argument("path")
+    slow.add_argument("--count", type=int, default=8)
+    slow.add_argument("--every-s", type=float, default=5.0)
+    slow.add_argument("--limit-s", type=float, default=120.0)
+    slow.add_argument("--normal", required=True, help="the normal request's JSON body")
+    z = sub.add_parser("zstd", help="bodies that inflate, and the server's RSS")
+    z.add_argument("url")
+    z.add_argument("path")
+    z.add_argument("pids", type=int, nargs="+")
+    z.add_argument("--count", type=int, default=8)
+    z.add_argument("--inflate-mib", type=int, default=64)
+    z.add_argument("--document", default="{}")
+    args = p.parse_args()
+    if args.attack == "slow":
+        normal = json.loads(args.normal)
+        with SlowBodies(args.url, args.path, args.count, every_s=args.every_s) as slow_bodies:
+            time.sleep(1.0)
+            seconds, seen = serve_time(
+                lambda: httpx.post(f"{args.url}{args.path}", json=normal, timeout=60),
+                args.limit_s,
+            )
+            print(
+                json.dumps(
+                    {
+                        "served_after_s": seconds,
+                        "refused": sum(s == 429 for s in seen),
+                        "slow_statuses": slow_bodies.statuses,
+                    }
+                )
+            )
+    else:
+        frame, size = inflating_body(json.loads(args.document), args.inflate_mib << 20)
+        headers = {"content-type": "application/json", "content-encoding": "zstd"}
+
+        def post() -> int:
+            url = f"{args.url}{args.path}"
+            return httpx.post(url, content=frame, headers=headers, timeout=120).status_code
+
+        with PeakRss(*args.pids) as rss, concurrently([post] * args.count) as statuses:
+            pass
+        print(
+            json.dumps(
+                {
+                    "wire_bytes": len(frame),
+                    "decoded_bytes": size,
+                    "statuses": statuses,
+                    "rss_growth_mib": rss.growth >> 20,
+                },
+                default=str,
+            )
+        )
+
+
+if __name__ == "__main__":
+    _main()
