@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import msgspec
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
 
 from tandem_http import (
@@ -20,7 +20,6 @@ from tandem_http import (
     BadRequest,
     BodyDeadline,
     ControlAccess,
-    HeldStreamingResponse,
     admitted,
     held_bytes_budget,
     keep_freed_memory,
@@ -140,7 +139,7 @@ def create_app(
         headers = {SYSTEM_FINGERPRINT_HEADER: fingerprint} if fingerprint else None
         if req.stream:
             events = svc.stream(req, principal, slot)
-            return HeldStreamingResponse(events, media_type="text/event-stream", headers=headers)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         result = await svc.generate(req, request.is_disconnected, principal, slot)
         if result is None:
             return Response(status_code=499)  # the client is gone; nobody reads this

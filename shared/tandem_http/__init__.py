@@ -1,6 +1,6 @@
 """tandem_http: HTTP plumbing shared by the render and generate services (no vLLM, no torch)."""
 
-from .admission import AdmissionGate, HeldStreamingResponse, Slot, admitted, slot_of
+from .admission import AdmissionGate, Slot, admitted, slot_of
 from .auth import (
     ADMIN_KEY_ENV,
     TENANT_HEADER,
@@ -85,7 +85,6 @@ __all__ = [
     "Drain",
     "DrainingConfig",
     "DrainingServer",
-    "HeldStreamingResponse",
     "ModelNotFound",
     "Overloaded",
     "PartsResponse",

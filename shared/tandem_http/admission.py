@@ -9,14 +9,14 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from tandem_wire import PayloadTooLarge
 
 from .errors import Overloaded
 
-__all__ = ["AdmissionGate", "HeldStreamingResponse", "Slot", "admitted", "slot_of"]
+__all__ = ["AdmissionGate", "Slot", "admitted", "slot_of"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -216,22 +216,6 @@ def declared_length(conn: HTTPConnection) -> int:
     """The body size a request declares (Content-Length); 0 when it declares none."""
     value = conn.headers.get("content-length")
     return int(value) if value is not None and value.isdigit() else 0
-
-
-class HeldStreamingResponse(StreamingResponse):
-    """A streaming answer that keeps its request's admission slot until it has been sent,
-    failed, or its client left (whether or not its body was ever iterated). Routes under
-    ``admitted`` hold their slot this long whatever they answer; this class keeps a slot
-    handed to it by hand."""
-
-    slot: Slot | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if self.slot is not None:
-                self.slot.release()
 
 
 class _Held(Response):

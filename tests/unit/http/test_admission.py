@@ -9,13 +9,12 @@ import httpx
 import pytest
 import zstandard
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
 
 import tandem_http.body as http_body
 from tandem_http import (
     AdmissionGate,
-    HeldStreamingResponse,
     Overloaded,
     admitted,
     install_error_handlers,
@@ -53,7 +52,7 @@ def gate_app(limit: int, max_bytes: int | None = None) -> tuple[FastAPI, Admissi
             await release.wait()
             yield b"last\n"
 
-        return HeldStreamingResponse(body(), media_type="text/plain")
+        return StreamingResponse(body(), media_type="text/plain")
 
     @app.post("/fail")
     @admitted(gate)

@@ -34,7 +34,6 @@ def test_public_api_is_pinned() -> None:
             "BodyTimeout",
             "AcceptEncodingMiddleware",
             "AdmissionGate",
-            "HeldStreamingResponse",
             "Slot",
             "add_body_deadline_flags",
             "admitted",
