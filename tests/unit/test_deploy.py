@@ -436,6 +436,10 @@ def test_llm_d_prefix_cache_follows_the_events_generate_publishes():
 
 
 def test_llm_d_render_scales_on_cpu_and_its_latency():
+    from prometheus_client import CollectorRegistry
+
+    from tandem_render.metrics import RenderMetrics
+
     hpa = the(llm_d_docs(), "HorizontalPodAutoscaler", "tandem-render")
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
@@ -445,7 +449,14 @@ def test_llm_d_render_scales_on_cpu_and_its_latency():
     metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
     assert metrics["Resource"]["resource"]["name"] == "cpu"
     latency = metrics["Pods"]["pods"]["metric"]["name"]
-    assert latency == "tandem_render_latency_p95_seconds"
+    # The adapter rule on the page makes that metric from render's own latency histogram.
+    histogram = RenderMetrics.create(CollectorRegistry()).latency._name
+    page = (ROOT / "docs" / "deployment" / "llm-d.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", page, re.S)]
+    (rule,) = [r for b in blocks if isinstance(b, dict) for r in b.get("rules", [])]
+    assert rule["seriesQuery"].startswith(f"{histogram}_bucket{{")
+    assert rule["name"]["as"] == latency
+    assert "histogram_quantile" in rule["metricsQuery"]
 
 
 def test_dockerfiles_run_the_tested_commands():
