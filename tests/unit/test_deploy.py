@@ -455,6 +455,7 @@ def test_llm_d_render_scales_on_cpu_and_its_latency():
     blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", page, re.S)]
     (rule,) = [r for b in blocks if isinstance(b, dict) for r in b.get("rules", [])]
     assert rule["seriesQuery"].startswith(f"{histogram}_bucket{{")
+    assert re.fullmatch(rule["name"]["matches"], f"{histogram}_bucket")
     assert rule["name"]["as"] == latency
     assert "histogram_quantile" in rule["metricsQuery"]
 
