@@ -164,7 +164,10 @@ async def test_updates_on_a_node_without_its_checkpoint_are_a_typed_409(tmp_path
     write_safetensors({"lm_head.weight": np.zeros((8, 4), np.float32)}, folder)
     (name,) = [p.name for p in folder.iterdir()]
     model_config = SimpleNamespace(
-        model="no-such-org/no-such-model", revision=None, dtype="float32"
+        model="no-such-org/no-such-model",
+        served_model_name="no-such-org/no-such-model",
+        revision=None,
+        dtype="float32",
     )
     engine = SimpleNamespace(
         llm=None,
