@@ -82,3 +82,74 @@ async def test_a_streaming_request_holds_its_body_and_decoded_pixels_until_it_en
         assert held_bytes((await c.get("/metrics")).text) == 0
         answered = await c.post("/inference/v1/generate", content=body, headers=JSON)
         assert answered.status_code == 200
+
+
+def binary_body(req) -> bytes:
+    return encode_generate_request(req, WireFormat.MSGPACK)
+
+
+MSGPACK = {"content-type": "application/vnd.msgpack", "accept": "application/json"}
+DEDUP = frozenset({"qwen_vl.temporal_dedup/v1"})
+
+
+async def test_items_that_would_decode_past_the_room_left_are_refused_before_they_are(
+    qwen2_engine, qwen2_renderer, qwen2_dir
+):
+    req = await render(
+        qwen2_renderer, qwen2_dir, [data_url(png_bytes(448, 448, seed=12))], **GREEDY
+    )
+    long = msgspec.structs.replace(with_sampling(req, max_tokens=400, ignore_eos=True), stream=True)
+    body = encode_generate_request(req, WireFormat.JSON)
+    streamed = encode_generate_request(long, WireFormat.JSON)
+    pixels = 256 * 4 * 1176  # what the base64 decodes to
+    # The stream holds its body and pixels; the next body fits beside them, its pixels do not.
+    budget = len(streamed) + pixels + len(body) + pixels // 2
+    app = generate_app(qwen2_engine, qwen2_dir, max_held_bytes=budget)
+    headers = {**JSON, "content-length": str(len(streamed))}
+    async with app_client(app) as c:
+        stream = AsgiCall(app, "POST", "/inference/v1/generate", streamed, headers)
+        assert await stream.status() == 200
+        assert (await stream.chunk()).startswith(b"data: ")
+        held = held_bytes((await c.get("/metrics")).text)
+        decoded = held - len(streamed)  # its item as base64 decodes it (pixels and framing)
+        assert pixels <= decoded < pixels + 4096
+        refused = await c.post("/inference/v1/generate", content=body, headers=JSON)
+        assert (refused.status_code, refused.headers["retry-after"]) == (429, "1")
+        error = refused.json()["error"]
+        assert error["type"] == "overloaded"
+        # Refused on its pixels, with its body already held: the count it was refused on.
+        assert error["details"]["wanted_bytes"] == decoded
+        assert error["details"]["held_bytes"] == held + len(body)
+        assert error["details"]["max_held_bytes"] == budget
+        assert held_bytes((await c.get("/metrics")).text) == held  # its body given back
+        await stream.hang_up()
+        assert held_bytes((await c.get("/metrics")).text) == 0
+        served = await c.post("/inference/v1/generate", content=body, headers=JSON)
+        assert served.status_code == 200, served.text[:300]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json-base64", "msgpack-rebuilt"])
+async def test_items_that_would_decode_past_the_whole_budget_are_413(
+    qwen2_engine, qwen2_renderer, qwen2_dir, binary
+):
+    image = [data_url(png_bytes(448, 448, seed=13))]
+    if binary:  # one frame of each patch sent: generate rebuilds both (twice what was sent)
+        req = await render(qwen2_renderer, qwen2_dir, image, transforms=DEDUP, **GREEDY)
+        body, headers = binary_body(req), MSGPACK
+    else:
+        req = await render(qwen2_renderer, qwen2_dir, image, **GREEDY)
+        body, headers = encode_generate_request(req, WireFormat.JSON), JSON
+    pixels = 256 * 4 * 1176
+    # The body alone fits the budget; with what its items decode to, it never will.
+    app = generate_app(qwen2_engine, qwen2_dir, max_held_bytes=len(body) + pixels // 2)
+    async with app_client(app) as c:
+        r = await c.post("/inference/v1/generate", content=body, headers=headers)
+        assert (r.status_code, r.json()["error"]["type"]) == (413, "payload_too_large")
+        assert held_bytes((await c.get("/metrics")).text) == 0
+        text = msgspec.structs.replace(req, features=None, token_ids=[17, 11, 79])
+        served = await c.post(
+            "/inference/v1/generate",
+            content=encode_generate_request(text, WireFormat.JSON),
+            headers=JSON,
+        )
+        assert served.status_code == 200, served.text[:300]
