@@ -1,5 +1,6 @@
 """Hostile clients against running services, for the budget tests and their measurements:
-bodies that trickle, bodies that inflate, and how long a normal request waits beside them.
+bodies that trickle, bodies that inflate, media that decode large, and how long a normal
+request waits beside them.
 
 ``python -m tools.hostile slow URL PATH`` and ``python -m tools.hostile zstd URL PATH PID``
 print what one attack does to a running server (the before/after figures on
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +25,7 @@ import httpx
 import psutil
 
 __all__ = [
+    "MediaServer",
     "PeakRss",
     "SlowBodies",
     "inflating_body",
@@ -99,6 +102,50 @@ class SlowBodies:
                 self.statuses[i] = int(line[1]) if len(line) > 1 and line[1].isdigit() else 0
                 sock.close()
                 self._socks[i] = None
+
+
+class MediaServer:
+    """Serves ``files`` (path -> bytes, Content-Length declared) on 127.0.0.1 from a thread,
+    as a media host a render worker fetches from (allow it with ``--allowed-private-hosts
+    127.0.0.1``). Open with ``with``; ``url(path)`` names a file."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                data = owner.files.get(self.path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except OSError:  # the worker refused it and hung up
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}{path}"
+
+    def __enter__(self) -> MediaServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
 
 
 def serve_time(

@@ -227,7 +227,7 @@ class OpenAIService:
             raise _PassThrough(_passed(response, raw))
         slot = slot_of(request)
         cap = await self.upstreams.generate_body_cap(0)
-        return await self.forwarder.read(node, response, cap, slot.take if slot else None)
+        return await self.forwarder.read(node, response, cap, slot)
 
     def _generate_request(
         self, rendered: GenerateRequest[Any], plan: Plan, request_id: str

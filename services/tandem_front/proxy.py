@@ -23,7 +23,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tandem_http import DRAINING_HEADER, TENANT_HEADER, error_body, principal_of, request_id_of
+from tandem_http import (
+    DRAINING_HEADER,
+    TENANT_HEADER,
+    Slot,
+    error_body,
+    principal_of,
+    request_id_of,
+)
 from tandem_wire import PayloadTooLarge, TandemHTTPError, WireFormat, error_types
 
 from .errors import FrontError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -371,16 +378,17 @@ class Forwarder:
         node: Node,
         response: httpx.Response,
         max_bytes: int | None = None,
-        charge: Callable[[int], None] | None = None,
+        slot: Slot | None = None,
     ) -> bytes:
         """The whole answer (decoded from its content coding), given back however it ends.
         With ``max_bytes``, an answer past it is refused (413) as it arrives, never held;
-        ``charge`` (a request's ``Slot.take``) is told of its bytes before they are held:
-        its Content-Length first, then what arrives past that."""
+        the request's admission ``slot`` is charged its bytes before they are held (its
+        Content-Length first, then what arrives past that), and the copy they are joined into
+        while both exist (refused 429/413 as the rest)."""
         try:
-            if max_bytes is None and charge is None:
+            if max_bytes is None and slot is None:
                 return await response.aread()
-            return await _read_capped(response, max_bytes, charge)
+            return await _read_capped(response, max_bytes, slot)
         except httpx.HTTPError as exc:
             raise self.failure(exc, node) from None
         finally:
@@ -421,26 +429,33 @@ class Forwarder:
             await self.close(node, response)
 
 
-async def _read_capped(
-    response: httpx.Response, max_bytes: int | None, charge: Callable[[int], None] | None
-) -> bytes:
+async def _read_capped(response: httpx.Response, max_bytes: int | None, slot: Slot | None) -> bytes:
     declared = response.headers.get("content-length", "")
     charged = int(declared) if declared.isdigit() else 0
     too_large = PayloadTooLarge(f"{response.request.url.path} answered more than {max_bytes} bytes")
     if max_bytes is not None and charged > max_bytes:
         raise too_large
-    if charge is not None and charged:
-        charge(charged)
+    if slot is not None and charged:
+        slot.take(charged)
     parts, total = [], 0
     async for chunk in response.aiter_bytes():
         total += len(chunk)
         if max_bytes is not None and total > max_bytes:
             raise too_large
-        if charge is not None and total > charged:
-            charge(total - charged)
+        if slot is not None and total > charged:
+            slot.take(total - charged)
             charged = total
         parts.append(chunk)
-    return b"".join(parts)
+    if len(parts) == 1:
+        return parts[0]  # nothing to join
+    if slot is not None:
+        slot.take(total)  # the joined copy, while the pieces are still held
+    try:
+        return b"".join(parts)
+    finally:
+        parts.clear()
+        if slot is not None:
+            slot.give_back(total)
 
 
 class HandedOver(httpx.AsyncByteStream):

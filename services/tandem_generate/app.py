@@ -38,7 +38,6 @@ from tandem_wire import (
     SYSTEM_FINGERPRINT_HEADER,
     WireFormat,
     decode_document,
-    decode_generate_request,
 )
 from tandem_wire.control import (
     UPDATE_ID_HEADER,
@@ -133,8 +132,8 @@ def create_app(
         body = await read_body(request, svc.max_body_bytes)
         in_fmt, out_fmt = negotiate(request)
         metrics.bytes_in.labels(in_fmt.name.lower()).inc(len(body))
-        req = decode_generate_request(body, in_fmt, svc.limits)
         principal, slot = principal_of(request), slot_of(request)
+        req = svc.decode(body, in_fmt, slot)
         fingerprint = svc.engine.system_fingerprint
         headers = {SYSTEM_FINGERPRINT_HEADER: fingerprint} if fingerprint else None
         if req.stream:

@@ -9,6 +9,7 @@ nobody can poison another request's caches or be served pixels they did not send
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,42 @@ class EngineInputs:
     placeholders: dict[str, list[PlaceholderRange]]
     """Checked ranges, ``is_embed`` computed from the tokens (tandem_vllm converts them)."""
     decoded_bytes: int = 0
-    """Bytes this request's items were decoded into, beyond its body (base64 decoded from
-    JSON, copies out of the body, tensors rebuilt): what the request holds besides its body."""
+    """Bytes this request's items were decoded into, beyond its body and its base64 decoded
+    from JSON (copies out of the body, tensors rebuilt or cast): charged before allocated."""
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """An item as sent, read in place, and what decoding it will allocate."""
+
+    entry: ItemBytes
+    wire: KwargsItem
+    """Its fields, tensors as views into ``entry``."""
+    body: int
+    """The request body's size when the item stays a view into it (the store counts it)."""
+    copy: bool
+    """Whether its bytes are copied out of the body (a small part of it)."""
+    made: int
+    """Bytes of the tensors rebuilt from wire transforms or cast to the model's dtype."""
+    nbytes: int
+    """All it allocates beyond the body: the copy and ``made``."""
+
+
+def _nothing(nbytes: int) -> None:
+    """``build``'s ``take`` where nothing is charged."""
+
+
+def _cast_nbytes(wire: KwargsItem, spec: ModalitySpec) -> int:
+    """The bytes ``rebind`` allocates casting embeddings to the model's dtype (transforms are
+    for pixels: an embeddings field's size is as sent)."""
+    key = spec.embeds_key
+    fspec = spec.fields.get(key) if key is not None else None
+    data = wire[key].data if key is not None and key in wire else None
+    if fspec is None or not isinstance(data, np.ndarray):
+        return 0
+    if data.dtype == fspec.dtype or data.dtype not in EMBED_DTYPES:
+        return 0
+    return int(data.size) * np.dtype(fspec.dtype).itemsize
 
 
 class InputBuilder:
@@ -78,10 +113,17 @@ class InputBuilder:
         """The engine's ``enable_mm_embeds``: items carrying embeddings are refused without."""
 
     def build(
-        self, req: GenerateRequest[ItemBytes | None], tenant: str, principal: str = ""
+        self,
+        req: GenerateRequest[ItemBytes | None],
+        tenant: str,
+        principal: str = "",
+        take: Callable[[int], None] = _nothing,
     ) -> EngineInputs:
         """``tenant`` (cache_salt) goes into content ids; held items are looked up and kept
-        per tenant and API key (``principal``), so no key resolves another key's items."""
+        per tenant and API key (``principal``), so no key resolves another key's items.
+        ``take`` is given what the sent items will allocate beyond the body (copies out of
+        it, rebuilt and cast tensors), from their checked sizes, before any is allocated;
+        it refuses by raising (the request's admission slot)."""
         scope = f"{principal}\x00{tenant}"
         ids = req.token_ids
         if max(ids) >= self.vocab_size:
@@ -98,6 +140,7 @@ class InputBuilder:
         if n_items > self.max_items:
             raise TooManyItems(f"{n_items} items in one prompt; the limit is {self.max_items}")
         missing: dict[str, list[str]] = {}
+        sent: dict[str, list[_Sent | None]] = {}
         for modality, hashes in feats.mm_hashes.items():
             if modality not in self.spec.modalities:
                 if modality in self.spec.unlearned:
@@ -114,17 +157,22 @@ class InputBuilder:
                     param=f"features.mm_hashes.{modality}",
                 )
             entries = (feats.kwargs_data or {}).get(modality) or [None] * len(hashes)
+            sent[modality] = [None if e is None else self._parse(e, modality) for e in entries]
+        # Everything the items will allocate, charged at once before any of it is (so a
+        # request that could never fit is told 413, not to retry).
+        out.decoded_bytes = sum(s.nbytes for ss in sent.values() for s in ss if s is not None)
+        take(out.decoded_bytes)
+        for modality, hashes in feats.mm_hashes.items():
             stored_items = []
-            for mm_hash, entry in zip(hashes, entries, strict=True):
-                if entry is None:
+            for mm_hash, item in zip(hashes, sent[modality], strict=True):
+                if item is None:
                     # A null's mm_hash is the content id of bytes its sender sent before.
                     stored = self.store.get(scope, mm_hash)
                     if stored is None:
                         missing.setdefault(modality, []).append(mm_hash)
                         continue
                 else:
-                    stored, fresh = self._decode(entry, tenant, modality)
-                    out.decoded_bytes += fresh
+                    stored = self._decode(item, tenant, modality)
                     self.store.put(scope, stored)
                 stored_items.append(stored)
             if modality in missing:
@@ -143,39 +191,54 @@ class InputBuilder:
             )
         return out
 
-    def _decode(self, entry: ItemBytes, tenant: str, modality: str) -> tuple[StoredItem, int]:
-        """The item, and the bytes it takes beyond the request body (a view into the body
-        takes none)."""
+    def _parse(self, entry: ItemBytes, modality: str) -> _Sent:
+        """The item read in place (its tensors views into ``entry``: nothing allocated yet)
+        and the bytes decoding it will take beyond the request body. JSON's entries were
+        decoded from base64 by the codec, which charged them (``decode_generate_request``)."""
         body = 0  # the request body's size, when the item is kept as a view into it
-        fresh = len(entry)  # JSON's base64, decoded: bytes of its own
+        copy = False
         if isinstance(entry, memoryview):
-            fresh = 0
             body = memoryview(entry.obj).nbytes
-            if entry.nbytes * 10 < body * 9:
-                # A view into the whole request body: stored as it is, it would keep the
-                # body's other items alive too, past the store's byte budget (one memcpy).
-                entry, body = bytes(entry), 0
-                fresh = len(entry)
-            # Else nearly the whole body is this item: kept as a view, it holds little more
-            # than itself, counted below (the copy cost ~5% of API CPU per image request).
+            # A view into the whole request body: stored as it is, it would keep the body's
+            # other items alive too, past the store's byte budget (one memcpy). Else nearly
+            # the whole body is this item: kept as a view, it holds little more than itself,
+            # the body already charged (the copy cost ~5% of API CPU per image request).
+            copy = entry.nbytes * 10 < body * 9
         wire = decode_item(entry, self.limits)
+        spec = self._spec_of(wire, modality)
+        made = self.spec.wire_transforms.rebuilt_nbytes(wire) + _cast_nbytes(wire, spec)
+        return _Sent(
+            entry=entry,
+            wire=wire,
+            body=0 if copy else body,
+            copy=copy,
+            made=made,
+            nbytes=(memoryview(entry).nbytes if copy else 0) + made,
+        )
+
+    def _decode(self, sent: _Sent, tenant: str, modality: str) -> StoredItem:
+        """The item, its bytes out of the body where they must be, transforms undone, checked
+        against the model (what it allocates was charged by ``build``)."""
+        entry, wire = sent.entry, sent.wire
+        if sent.copy:
+            entry = bytes(entry)
+            wire = decode_item(entry, self.limits)  # views into the copy this time
         try:
             # Undone first: the rebuilt tensors face the same checks as any item's.
-            wire, rebuilt = self.spec.wire_transforms.decode_item(wire)
+            wire, _ = self.spec.wire_transforms.decode_item(wire)
         except TransformMismatch as exc:
             raise InvalidItem(f"{modality} item: {exc}") from None
         spec = self._spec_of(wire, modality)
         wire = rebind(wire, spec, modality)
         expected_embeds(wire, spec, modality)  # the model's rule, once, before the store
         data = memoryview(entry)
-        stored = StoredItem(
+        return StoredItem(
             # Of the bytes as sent, transform declaration included: what the sender names.
             content_id=content_id(tenant, data),
             item=item_to_vllm(wire),
             wire=wire,
-            nbytes=max(data.nbytes, body) + rebuilt,
+            nbytes=max(data.nbytes, sent.body) + sent.made,
         )
-        return stored, fresh + rebuilt
 
     def _spec_of(self, wire: KwargsItem, modality: str) -> ModalitySpec:
         """The spec an item is checked against: its modality's embedding form when it carries

@@ -15,6 +15,7 @@ from tandem_wire import (
     GenerateResponse,
     ItemBytes,
     WireFormat,
+    decode_generate_request,
     encode_document,
 )
 
@@ -102,10 +103,19 @@ class GenerateService:
                 param="sampling_params.max_tokens",
             )
         check_structured_outputs(self.engine, params)
-        inputs = self.builder.build(req, tenant_of(req), principal)
-        if slot is not None:
-            slot.charge(inputs.decoded_bytes)  # held with the request until it is answered
+        # What the items allocate is charged before it is (429/413 when it does not fit), and
+        # held with the request until it is answered.
+        take = slot.take if slot is not None else _uncharged
+        inputs = self.builder.build(req, tenant_of(req), principal, take)
         return params, inputs, params.logprobs
+
+    def decode(
+        self, body: bytes, fmt: WireFormat, slot: Slot | None
+    ) -> GenerateRequest[ItemBytes | None]:
+        """The request in ``body``; the bytes its JSON entries decode to (base64) are charged
+        to its admission ``slot`` before they are decoded (429/413 when they do not fit)."""
+        reserve = slot.take if slot is not None else None
+        return decode_generate_request(body, fmt, self.limits, reserve)
 
     def _start(
         self, req: GenerateRequest[Any], engine_id: str, params: Any, inputs: Any
@@ -132,7 +142,7 @@ class GenerateService:
     ) -> GenerateResponse | None:
         """Run to completion; None if the client went away (the engine request is aborted).
         ``principal`` is the API key the request came with (``tandem_http.principal_of``);
-        the items decoded for it are charged to its admission ``slot``."""
+        what its items allocate is charged to its admission ``slot`` before it is."""
         params, inputs, top_n = self._prepare(req, principal, slot)
         start = time.perf_counter()
         engine_id = engine_request_id(req)
@@ -211,6 +221,10 @@ class GenerateService:
                 # The client went away mid-stream (or the engine failed): free the engine slot.
                 self.metrics.requests.labels("aborted").inc()
                 await self.engine.abort(engine_id)
+
+
+def _uncharged(nbytes: int) -> None:
+    """A request without an admission slot (tests, in-process callers) is charged nothing."""
 
 
 def engine_request_id(req: GenerateRequest[Any]) -> str:

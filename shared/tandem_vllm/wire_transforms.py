@@ -64,6 +64,11 @@ class WireTransform(Protocol):
         to the model, not to ``params``) larger than ``data``."""
         ...
 
+    def rebuilt_nbytes(self, data: np.ndarray, params: Mapping[str, int]) -> int:
+        """The bytes ``decode`` will allocate for this data, known before it runs (the
+        receiver charges them first); at most that small factor times ``data.nbytes``."""
+        ...
+
 
 def _patch_rows(data: np.ndarray, patch_elems: int) -> tuple[int, int] | None:
     """(rows, channels) of a tensor of patch rows, ``patch_elems`` per channel, else None."""
@@ -130,6 +135,9 @@ class TemporalDedup:
         # faster than a broadcast assignment into np.empty).
         rebuilt = np.repeat(data.reshape(n, channels, 1, area), t, axis=2)
         return rebuilt.reshape(n, channels * t * area)
+
+    def rebuilt_nbytes(self, data: np.ndarray, params: Mapping[str, int]) -> int:
+        return data.nbytes * self.temporal_patch_size  # every patch's one frame, t times
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,12 @@ class PatchRowDelta:
             rebuilt[:, :, 1:] = sums
         return rebuilt.reshape(n, channels * t * p * p)
 
+    def rebuilt_nbytes(self, data: np.ndarray, params: Mapping[str, int]) -> int:
+        # Every frame, from the ``frames`` sent (``decode`` refuses any other count).
+        frames = params.get("frames", 1)
+        t = self.temporal_patch_size
+        return data.nbytes * t // frames if frames in (1, t) else data.nbytes * t
+
 
 @dataclass(frozen=True)
 class WireTransforms:
@@ -239,6 +253,19 @@ class WireTransforms:
                     out[key] = FieldElem(data, elem.layout, FieldTransform(transform.name, params))
                     break
         return out
+
+    def rebuilt_nbytes(self, item: KwargsItem) -> int:
+        """The bytes ``decode_item`` will allocate for this item's declared transforms, from
+        its (checked) tensor sizes, before any is undone; 0 for a field it will refuse."""
+        total = 0
+        for key, elem in item.items():
+            declared = elem.transform
+            if declared is None or not isinstance(elem.data, np.ndarray):
+                continue
+            for transform in self.by_key.get(key, ()):
+                if transform.name == declared.name:
+                    total += transform.rebuilt_nbytes(elem.data, declared.params)
+        return total
 
     def decode_item(self, item: KwargsItem) -> tuple[KwargsItem, int]:
         """The item with every declared transform undone, and the bytes the rebuilt tensors

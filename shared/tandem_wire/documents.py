@@ -169,6 +169,25 @@ def _raw_json_entry(raw: msgspec.Raw, limits: DecodeLimits) -> ItemBytes | None:
     return b64decode_item_bytes(span[1:-1], limits)
 
 
+def _json_entries_bytes(req: GenerateRequest[Any]) -> int:
+    """What a JSON document's base64 entries decode to, from their lengths (strict base64:
+    three bytes per four characters, less its padding); nothing is decoded."""
+    feats = req.features
+    total = 0
+    if feats is None:
+        return total
+    for entries in (feats.kwargs_data, feats.mm_metadata):
+        for items in (entries or {}).values():
+            for raw in items:
+                whole = memoryview(raw)
+                if whole == _NULL:
+                    continue
+                span = whole[1:-1]  # inside the quotes (checked when decoded)
+                pad = sum(1 for c in span[-2:] if c == 0x3D)  # 0x3D is '='
+                total += max(0, span.nbytes // 4 * 3 - pad)
+    return total
+
+
 def _with_entries(req: GenerateRequest[Any], fn: Callable[[Any], Any]) -> GenerateRequest[Any]:
     feats = req.features
     if feats is None or (feats.kwargs_data is None and feats.mm_metadata is None):
@@ -223,15 +242,22 @@ def check_features(req: GenerateRequest[Any]) -> None:
 
 
 def decode_generate_request(
-    body: ItemBytes, fmt: WireFormat, limits: DecodeLimits = DEFAULT_LIMITS
+    body: ItemBytes,
+    fmt: WireFormat,
+    limits: DecodeLimits = DEFAULT_LIMITS,
+    reserve: Callable[[int], None] | None = None,
 ) -> GenerateRequest[ItemBytes | None]:
     """Decode and check one generate request; kwargs entries come back as item bytes.
 
     JSON entries are base64-decoded (strictly); msgpack entries are zero-copy views into
-    ``body``. Raises a WireError for any malformed or invalid input.
+    ``body``. ``reserve`` is called once with the bytes the JSON entries decode to, before any
+    is decoded (a server charges them to the request, and may refuse by raising); msgpack
+    entries allocate nothing. Raises a WireError for any malformed or invalid input.
     """
     if fmt is WireFormat.JSON:
         req = _run_decoder(_JSON_REQUEST, body, limits)
+        if reserve is not None:
+            reserve(_json_entries_bytes(req))
         req = _with_entries(req, lambda raw: _raw_json_entry(raw, limits))
     else:
         req = _run_decoder(_MSGPACK_REQUEST, body, limits)

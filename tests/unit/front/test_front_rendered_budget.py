@@ -17,7 +17,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tandem_front.app import create_app
-from tandem_wire import GenerateRequest
+from tandem_front.proxy import _read_capped
+from tandem_wire import GenerateRequest, PayloadTooLarge
 from tests.support.asgi import AsgiCall, app_client
 
 from .test_front_proxy_failures import CHAT, Texts, _rendered, _Stream, _token_event
@@ -103,3 +104,39 @@ async def test_once_generate_has_the_request_the_stream_holds_only_the_callers_r
         fleet.go.set()
         await asyncio.wait_for(call.task, 10)
         assert await held(c) == 0
+
+
+class _Ledger:
+    """A slot that records what it is charged and refuses past ``budget``, as a gate would."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.held, self.peak = budget, 0, 0
+
+    def take(self, nbytes: int) -> None:
+        if self.held + nbytes > self.budget:
+            raise PayloadTooLarge(f"{nbytes} more do not fit")
+        self.held += nbytes
+        self.peak = max(self.peak, self.held)
+
+    def give_back(self, nbytes: int) -> None:
+        self.held -= nbytes
+
+
+def _pieces_answer(pieces: list[bytes]) -> httpx.Response:
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    request = httpx.Request("POST", "http://r1/v1/chat/completions/render")
+    return httpx.Response(200, stream=_Stream(body()), request=request)
+
+
+async def test_the_joined_copy_of_an_answer_in_pieces_is_charged_while_both_are_held():
+    # The pieces and the copy they are joined into exist together for a moment: the door
+    # reached +123 MiB against a 100 MiB budget with the copy uncharged.
+    pieces = [bytes([i]) * 1000 for i in range(4)]
+    ledger = _Ledger(budget=8000)
+    assert await _read_capped(_pieces_answer(pieces), None, ledger) == b"".join(pieces)
+    assert (ledger.peak, ledger.held) == (8000, 4000)  # both, then the copy alone
+    with pytest.raises(PayloadTooLarge):  # no room for the copy: refused before it is made
+        await _read_capped(_pieces_answer(pieces), None, _Ledger(budget=7999))

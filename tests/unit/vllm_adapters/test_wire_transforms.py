@@ -70,6 +70,7 @@ def test_still_patches_round_trip_bitwise_at_1_over_t_the_bytes(seed, n, channel
     back = transform.decode(sent, params)
     assert back.dtype == data.dtype and back.shape == data.shape
     assert bits(back) == bits(data)
+    assert transform.rebuilt_nbytes(sent, params) == back.nbytes  # charged before it is made
 
 
 def test_float_copies_are_compared_as_bits():
@@ -263,7 +264,9 @@ def test_row_deltas_round_trip_bitwise(seed, n, channels, t, patch, still):
     frames = 1 if still or n == 0 else t
     assert params == {"channels": channels, "temporal_patch_size": t, "frames": frames}
     assert sent.dtype == np.uint8 and sent.nbytes * t == data.nbytes * frames
-    assert bits(transform.decode(sent, params)) == bits(data)
+    back = transform.decode(sent, params)
+    assert bits(back) == bits(data)
+    assert transform.rebuilt_nbytes(sent, params) == back.nbytes  # charged before it is made
 
 
 def test_row_deltas_are_the_rows_minus_the_row_above():

@@ -291,7 +291,31 @@ def test_json_parts_round_trip_any_strings_and_entries(request_id, entries):
         ),
     )
     parts = encode_generate_request_parts(req, WireFormat.JSON)
-    back = decode_generate_request(b"".join(parts), WireFormat.JSON)
+    reserved: list[int] = []
+    back = decode_generate_request(b"".join(parts), WireFormat.JSON, reserve=reserved.append)
     assert back.request_id == request_id
     got = back.features.kwargs_data["image"]
     assert [None if e is None else bytes(e) for e in got] == entries
+    # What the entries decode to, exactly, from their base64 lengths (padding and all).
+    assert reserved == [sum(len(e) for e in entries if e is not None)]
+
+
+class _Refused(Exception):
+    pass
+
+
+def test_json_entries_are_reserved_once_before_any_is_decoded():
+    body = encode_generate_request(_many_entries_request(), WireFormat.JSON)
+    sizes = len(b"\x00item-0\x00") + len(b"item-2") + len(b"meta-0meta-1") + 1
+    reserved: list[int] = []
+    decode_generate_request(body, WireFormat.JSON, reserve=reserved.append)
+    assert reserved == [sizes]
+
+    def refuse(nbytes: int) -> None:
+        raise _Refused(nbytes)
+
+    with pytest.raises(_Refused):  # the caller's refusal stops the decode
+        decode_generate_request(body, WireFormat.JSON, reserve=refuse)
+    # msgpack entries are views into the body: nothing to reserve.
+    binary = encode_generate_request(_many_entries_request(), WireFormat.MSGPACK)
+    decode_generate_request(binary, WireFormat.MSGPACK, reserve=refuse)
