@@ -399,9 +399,6 @@ class AsyncTandemClient:
         nodes = [self._nodes[u] for u in self.generate_urls]
         return fleet.judge(nodes, time.monotonic(), self.node_timeout_s)
 
-    def _fenced(self, url: str) -> bool:
-        return not self._view().serves(self._nodes[url])
-
     def _generate_nodes_are(self, urls: Sequence[str]) -> None:
         """The generate node set is now ``urls``: nodes that stay keep what this client knows
         of them; a node that left is forgotten (back at the same address, it is a new process
@@ -432,6 +429,16 @@ class AsyncTandemClient:
             fenced = set(self.fenced())
             stale = [u for u in self.generate_urls if u not in known or u in fenced]
             await self._refresh_versions([self._nodes[u] for u in stale])
+
+    async def _recheck_suspects(self) -> None:
+        """Nodes that failed and whose cool-down is over are asked what they hold before they
+        get work again: a restarted node holds its checkpoint's weights, maybe not the fleet's,
+        and a node that left the fleet (unreachable past ``node_timeout_s``) comes back only
+        once it answers (no engine restarts within a cool-down)."""
+        now = time.monotonic()
+        due = [self._nodes[u] for u in self._suspect if self._nodes[u].down_until <= now]
+        if due:
+            await self._refresh_versions(due)
 
     def _node_failed(self, url: str) -> None:
         self._nodes[url].cool_down(time.monotonic(), self.node_cooldown_s)
@@ -490,17 +497,13 @@ class AsyncTandemClient:
         await self._discover()
         failure: TandemError = TransportError("no generate node is configured")
         for attempt in range(self.max_retries + 1):
+            await self._recheck_suspects()
             # Every node once, best first; then wait and go round again (nodes restart).
             for url in self._nodes_for(request):
-                node = self._nodes[url]
-                if url in self._suspect and node.down_until <= time.monotonic():
-                    # Back after its cool-down: a restarted node holds its checkpoint's
-                    # weights, maybe not the fleet's (no engine restarts within a cool-down).
-                    await self._refresh_versions([node])
-                    if self._fenced(url):
-                        continue
                 try:
-                    return await self._generate_on(url, request, raw)
+                    answer = await self._generate_on(url, request, raw)
+                    self._nodes[url].reached()
+                    return answer
                 except (TransportError, ServerError) as exc:
                     if isinstance(exc, ServerError) and exc.status_code != 503:
                         raise

@@ -5,10 +5,12 @@ own failure. The nodes are stand-ins with generate's update state machine (tests
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
-from tandem_client import AsyncTandemClient, FleetPartialFailure
+from tandem_client import AsyncTandemClient, FleetPartialFailure, TransportError
 from tandem_wire import GenerateRequest
 from tests.support.fleet_nodes import GenFleet, GenNode
 
@@ -96,3 +98,28 @@ async def test_a_file_every_node_refuses_loads_nothing_and_raises_the_refusal(tm
         assert c.fenced() == []
     assert (a.version, a.weights, b.version, b.weights) == ("v0", "v0", "v0", "v0")
     assert not a.updating and not b.updating
+
+
+async def test_a_node_back_after_the_node_timeout_gets_work_again(tmp_path):
+    # The client has no poll of its own: a node that left the fleet must be asked again once
+    # its cool-down is over, or it never comes back (and a one-node client never serves).
+    a = GenNode("g1")
+    f = GenFleet(a)
+    c = AsyncTandemClient(
+        "http://r",
+        ["http://g1"],
+        binary=False,
+        node_cooldown_s=0.0,
+        node_timeout_s=0.05,
+        max_retries=0,
+        transport=f,
+    )
+    await c.generate(GenerateRequest(token_ids=[1], request_id="before"))
+    a.down = True
+    with pytest.raises(TransportError):
+        await c.generate(GenerateRequest(token_ids=[1], request_id="down"))
+    await asyncio.sleep(0.1)  # unreachable past the node timeout: it has left the fleet
+    a.down = False
+    await c.generate(GenerateRequest(token_ids=[1], request_id="back"))
+    assert a.generated[-1] == "v0:v0"
+    await c.aclose()
