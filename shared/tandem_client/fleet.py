@@ -214,23 +214,18 @@ def judge(nodes: Sequence[Node], now: float, node_timeout_s: float) -> FleetView
     # Backends whose trainer's group is set up on some node (a node of the same backend that is
     # not in it was found later: it can take no update).
     set_up = {n.transfer_backend for n in told if n.transfer_ready}
-    reasons: dict[str, str | None] = {}
-    for n in nodes:
-        reasons[n.url] = _reason(n, reference, live, told, set_up)
+    alive = set(map(id, live))
+    reasons = {n.url: _reason(n, id(n) in alive, reference, bool(told), set_up) for n in nodes}
     return FleetView(reference, reasons)
 
 
 def _reason(
-    n: Node,
-    reference: Node | None,
-    live: Sequence[Node],
-    told: Sequence[Node],
-    set_up: set[str | None],
+    n: Node, alive: bool, reference: Node | None, any_told: bool, set_up: set[str | None]
 ) -> str | None:
-    if n not in live:
+    if not alive:
         return UNREACHABLE
     if n.weights_id is None:
-        return NOT_TOLD if told else None
+        return NOT_TOLD if any_told else None
     if n.unclean is not None:
         return f"{UNCLEAN}: {n.unclean}"
     if (
