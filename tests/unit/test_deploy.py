@@ -452,8 +452,9 @@ def test_llm_d_render_scales_on_cpu_and_its_latency():
     # The adapter rule on the page makes that metric from render's own latency histogram.
     histogram = RenderMetrics.create(CollectorRegistry()).latency._name
     page = (ROOT / "docs" / "deployment" / "llm-d.md").read_text()
-    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", page, re.S)]
-    (rule,) = [r for b in blocks if isinstance(b, dict) for r in b.get("rules", [])]
+    # The page fences the rule as text (docs fences are python, json, sh, text or console).
+    found = re.findall(r"```text\n(rules:\n.*?)```", page, re.S)
+    (rule,) = [r for b in found for r in yaml.safe_load(b)["rules"]]
     assert rule["seriesQuery"].startswith(f"{histogram}_bucket{{")
     assert re.fullmatch(rule["name"]["matches"], f"{histogram}_bucket")
     assert rule["name"]["as"] == latency
