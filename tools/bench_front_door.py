@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import subprocess
 import sys
@@ -52,8 +51,6 @@ from tools.tiny_models import ensure_model
 
 TARGET_CPU_MS_PER_MB = 1.0
 TARGET_ADDED_P50_MS = 2.0
-TARGET_P50_RATIO = 1.15
-TARGET_RPS_RATIO = 0.9
 
 
 def generate_bodies(render_url: str, model: str, size: int, count: int) -> list[bytes]:
@@ -80,15 +77,6 @@ def generate_step(url: str, bodies: list[bytes]) -> Step:
 
     async def step(client: httpx.AsyncClient, i: int) -> None:
         check(await client.post(f"{url}/inference/v1/generate", content=bodies[i], headers=headers))
-
-    return step
-
-
-def chat_step(url: str, model: str, images: list[str]) -> Step:
-    async def step(client: httpx.AsyncClient, i: int) -> None:
-        body = chat_body(model, [images[i % len(images)]], temperature=0.0, max_tokens=8)
-        r = check(await client.post(f"{url}/v1/chat/completions", json=body))
-        assert json.loads(r.content)["choices"][0]["message"]["content"] is not None
 
     return step
 
@@ -120,19 +108,78 @@ async def proxied_vs_direct(
 # -- (b) OpenAI chat: the door against vllm serve, one side at a time -------------------------
 
 
-@dataclass
-class Side:
-    """One side's measurements (a round of it)."""
+@dataclass(frozen=True)
+class Load:
+    """One kind of chat request: its images (a fresh set for every request) and counts."""
 
-    label: str
+    name: str
+    images: int
+    """Images per request."""
+    n1: int
+    """Requests at concurrency 1."""
+    n8: int
+    """Requests at concurrency 8."""
+
+    def urls(self, seed: int) -> list[str]:
+        """The request's images as data URLs, distinct for every ``seed``."""
+        if self.images == 1:
+            return [data_url(png_bytes(448, 448, seed=3000 + seed))]
+        return [
+            data_url(photo_jpeg(seed * self.images + k), "image/jpeg") for k in range(self.images)
+        ]
+
+
+LOADS = {
+    "448": Load("one 448x448 noise PNG", 1, 40, 80),
+    "720p": Load("three 1280x720 JPEG photos", 3, 16, 40),
+}
+
+TARGETS = {
+    # load: (c=1 p50 at most, c=8 req/s at least), door / vllm serve, at the defaults
+    "448": (1.10, 1.0),
+    "720p": (0.90, 1.2),
+}
+TARGET_BENCH_RPS = 1.0
+TARGET_BENCH_TTFT = 1.1
+
+
+def photo_jpeg(seed: int) -> bytes:
+    """A 1280x720 JPEG (quality 90) of one of scikit-image's photographs, shifted and tinted
+    by ``seed`` so that no two are the same image."""
+    import io
+
+    from PIL import Image
+
+    from tools.bench_wire import PHOTOS, photo
+
+    pixels = np.asarray(photo(PHOTOS[seed % len(PHOTOS)], (1280, 720)), dtype=np.int16)
+    pixels = np.roll(pixels, (seed * 7 % 720, seed * 13 % 1280), axis=(0, 1))
+    pixels = np.clip(pixels + (seed % 23) - 11, 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@dataclass
+class LoadResult:
+    """One load's measurements on one side."""
+
     c1: Result
     c8: Result
     cpu_ms: dict[str, float]
     """CPU ms per request at c=8, by process."""
     hops: dict[str, float]
     """Mean ms per request at c=1, by hop (the services' own metrics)."""
-    bench: dict[int, dict[str, Any]]
-    """``vllm bench serve``'s result JSON by concurrency."""
+
+
+@dataclass
+class Side:
+    """One side's measurements (a round of it)."""
+
+    label: str
+    loads: dict[str, LoadResult]
+    bench: dict[str, Any] | None
+    """``vllm bench serve``'s result JSON."""
 
 
 def process_cpu(servers: dict[str, ServerProcess]) -> dict[str, float]:
@@ -220,20 +267,23 @@ def hop_means(
     return means
 
 
-def vllm_bench_serve(
-    url: str, model: str, concurrency: int, prompts: int, out: Path, tag: str
-) -> dict[str, Any]:
-    """vLLM's own benchmark client against ``url``; its result JSON."""
-    name = f"{tag}-c{concurrency}.json"
+BENCH_CONCURRENCY = 4
+BENCH_PROMPTS = 32
+
+
+def vllm_bench_serve(url: str, model: str, out: Path, tag: str) -> dict[str, Any]:
+    """vLLM's own benchmark client against ``url`` (openai-chat, random-mm: one 448x448 image,
+    64 text tokens in, 16 out with ignore_eos, c=4, 32 prompts); its result JSON."""
+    name = f"{tag}.json"
     args = [
         *("--backend", "openai-chat", "--endpoint", "/v1/chat/completions"),
         *("--base-url", url, "--model", model, "--tokenizer", model),
-        *("--dataset-name", "random-mm", "--num-prompts", str(prompts)),
-        *("--random-input-len", "32", "--random-output-len", "8", "--random-range-ratio", "0"),
+        *("--dataset-name", "random-mm", "--num-prompts", str(BENCH_PROMPTS)),
+        *("--random-input-len", "64", "--random-output-len", "16", "--random-range-ratio", "0"),
         *("--random-mm-base-items-per-request", "1", "--random-mm-num-mm-items-range-ratio", "0"),
         *("--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}'),
         *("--random-mm-bucket-config", "{(448, 448, 1): 1.0}"),
-        *("--max-concurrency", str(concurrency), "--request-rate", "inf", "--ignore-eos"),
+        *("--max-concurrency", str(BENCH_CONCURRENCY), "--request-rate", "inf", "--ignore-eos"),
         *(
             "--temperature",
             "0",
@@ -258,18 +308,30 @@ def vllm_bench_serve(
     return result
 
 
-def start_door(model: str, args: argparse.Namespace) -> dict[str, ServerProcess]:
+@dataclass(frozen=True)
+class DoorConfig:
+    """The door side's worker counts (None: the service's default, what a newcomer gets)."""
+
+    name: str
+    render_workers: int | None
+    front_workers: int | None
+
+
+DOOR_CONFIGS = {
+    "defaults": DoorConfig("defaults", None, None),
+    "one": DoorConfig("one worker each", 1, 1),
+}
+
+
+def start_door(model: str, config: DoorConfig) -> dict[str, ServerProcess]:
     servers: dict[str, ServerProcess] = {}
     try:
-        servers["render"] = tandem_render(model, workers=args.render_workers)
+        servers["render"] = tandem_render(model, workers=config.render_workers)
         servers["generate"] = tandem_generate(model, env=VLLM_DEFAULT_BINDING)
         servers["render"].wait_healthy(300)
         servers["generate"].wait_healthy(600)
         servers["front"] = tandem_front(
-            model,
-            servers["render"].url,
-            servers["generate"].url,
-            workers=args.front_workers,
+            model, servers["render"].url, servers["generate"].url, workers=config.front_workers
         )
         servers["front"].wait_healthy(120)
     except BaseException:
@@ -278,7 +340,7 @@ def start_door(model: str, args: argparse.Namespace) -> dict[str, ServerProcess]
     return servers
 
 
-def start_serve(model: str, args: argparse.Namespace) -> dict[str, ServerProcess]:
+def start_serve(model: str) -> dict[str, ServerProcess]:
     servers = {"vllm serve": upstream_serve(model, env=VLLM_DEFAULT_BINDING)}
     try:
         servers["vllm serve"].wait_healthy(600)
@@ -293,6 +355,35 @@ def stop(servers: dict[str, ServerProcess]) -> None:
         server.stop()
 
 
+def chat_step(url: str, model: str, requests: list[list[str]]) -> Step:
+    async def step(client: httpx.AsyncClient, i: int) -> None:
+        body = chat_body(model, requests[i], temperature=0.0, max_tokens=8)
+        r = check(await client.post(f"{url}/v1/chat/completions", json=body))
+        assert json.loads(r.content)["choices"][0]["message"]["content"] is not None
+
+    return step
+
+
+async def measure_load(
+    label: str, servers: dict[str, ServerProcess], url: str, model: str, load: Load
+) -> LoadResult:
+    pid = next(iter(servers.values())).proc.pid  # drive() wants one; CPU is read here instead
+    # A new image set for every request (a repeat would hit render's and vLLM's caches), the
+    # same sequence on both sides: warm-up, then c=1, then c=8.
+    requests = [load.urls(i) for i in range(8 + load.n1 + load.n8)]
+    warm, at1, at8 = requests[:8], requests[8 : 8 + load.n1], requests[8 + load.n1 :]
+    await drive("warm-up", chat_step(url, model, warm), pid, len(warm), 4)
+    sums0 = histogram_sums(servers)
+    c1 = await drive(label, chat_step(url, model, at1), pid, len(at1), 1)
+    hops = hop_means(sums0, histogram_sums(servers))
+    cpu0 = process_cpu(servers)
+    c8 = await drive(label, chat_step(url, model, at8), pid, len(at8), 8)
+    cpu = process_cpu(servers)
+    done = max(1, len(c8.latencies) + len(c8.errors))
+    cpu_ms = {k: (cpu[k] - cpu0[k]) / done * 1000 for k in cpu}
+    return LoadResult(c1, c8, cpu_ms, hops)
+
+
 async def measure_side(
     label: str,
     servers: dict[str, ServerProcess],
@@ -303,60 +394,70 @@ async def measure_side(
 ) -> Side:
     for s in servers.values():
         quiet(s, 20)
-    pid = next(iter(servers.values())).proc.pid  # drive() wants one; CPU is read here instead
-    # A new image for every request (a repeat would hit render's and vLLM's caches), the same
-    # sequence on both sides: warm-up, then c=1, then c=8.
-    images = [data_url(png_bytes(448, 448, seed=3000 + i)) for i in range(8 + args.n1 + args.n8)]
-    warm, at1, at8 = images[:8], images[8 : 8 + args.n1], images[8 + args.n1 :]
-    await drive("warm-up", chat_step(url, model, warm), pid, len(warm), 4)
-    sums0 = histogram_sums(servers)
-    c1 = await drive(label, chat_step(url, model, at1), pid, len(at1), 1)
-    hops = hop_means(sums0, histogram_sums(servers))
-    cpu0 = process_cpu(servers)
-    c8 = await drive(label, chat_step(url, model, at8), pid, len(at8), 8)
-    cpu = process_cpu(servers)
-    done = max(1, len(c8.latencies) + len(c8.errors))
-    cpu_ms = {k: (cpu[k] - cpu0[k]) / done * 1000 for k in cpu}
-    bench = {}
-    if args.bench_prompts:
-        tag = label.replace(" ", "-")
-        for concurrency, prompts in ((1, args.bench_prompts // 4), (8, args.bench_prompts)):
-            bench[concurrency] = vllm_bench_serve(url, model, concurrency, prompts, out, tag)
-    return Side(label, c1, c8, cpu_ms, hops, bench)
+    loads = {k: await measure_load(label, servers, url, model, LOADS[k]) for k in args.loads}
+    bench = None
+    if args.bench_serve:
+        bench = vllm_bench_serve(url, model, out, label.replace(" ", "-").replace("/", ""))
+    return Side(label, loads, bench)
 
 
-def side_rows(sides: list[Side]) -> list[str]:
+def side_rows(sides: list[Side], load: str) -> list[str]:
     rows = []
     for s in sides:
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in s.cpu_ms.items())
+        r = s.loads[load]
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in r.cpu_ms.items())
         rows.append(
-            f"| {s.label} | {s.c1.pct(50):.0f} / {s.c1.pct(95):.0f} | {s.c8.throughput:.2f} "
-            f"| {s.c8.pct(50):.0f} | {sum(s.cpu_ms.values()):.1f} ({parts}) "
-            f"| {len(s.c1.errors) + len(s.c8.errors)} |"
+            f"| {s.label} | {r.c1.pct(50):.0f} / {r.c1.pct(95):.0f} | {r.c8.throughput:.2f} "
+            f"| {r.c8.pct(50):.0f} | {sum(r.cpu_ms.values()):.1f} ({parts}) "
+            f"| {len(r.c1.errors) + len(r.c8.errors)} |"
         )
     return rows
 
 
-def ratio_rows(door: list[Side], serve: list[Side]) -> list[str]:
-    def median(xs: list[float]) -> float:
-        return float(np.median(xs))
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs))
 
-    p50 = median([s.c1.pct(50) for s in door]) / median([s.c1.pct(50) for s in serve])
-    rps = median([s.c8.throughput for s in door]) / median([s.c8.throughput for s in serve])
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def ratio_rows(door: list[Side], serve: list[Side], load: str) -> list[str]:
+    p50 = _median([s.loads[load].c1.pct(50) for s in door]) / _median(
+        [s.loads[load].c1.pct(50) for s in serve]
+    )
+    rps = _median([s.loads[load].c8.throughput for s in door]) / _median(
+        [s.loads[load].c8.throughput for s in serve]
+    )
+    max_p50, min_rps = TARGETS[load]
     return [
-        f"| c=1 p50, door / vllm serve | {p50:.2f}x | <= {TARGET_P50_RATIO}x "
-        f"| {'met' if p50 <= TARGET_P50_RATIO else 'missed'} |",
-        f"| c=8 req/s, door / vllm serve | {rps:.2f}x | >= {TARGET_RPS_RATIO}x "
-        f"| {'met' if rps >= TARGET_RPS_RATIO else 'missed'} |",
+        f"| {LOADS[load].name}: c=1 p50, door / vllm serve | {p50:.2f}x | <= {max_p50}x "
+        f"| {verdict(p50 <= max_p50)} |",
+        f"| {LOADS[load].name}: c=8 req/s, door / vllm serve | {rps:.2f}x | >= {min_rps}x "
+        f"| {verdict(rps >= min_rps)} |",
+    ]
+
+
+def bench_ratio_rows(door: list[Side], serve: list[Side]) -> list[str]:
+    def med(sides: list[Side], key: str) -> float:
+        return _median([float(s.bench[key]) for s in sides if s.bench])
+
+    rps = med(door, "request_throughput") / med(serve, "request_throughput")
+    ttft = med(door, "median_ttft_ms") / med(serve, "median_ttft_ms")
+    return [
+        f"| vllm bench serve req/s, door / vllm serve | {rps:.2f}x | >= {TARGET_BENCH_RPS}x "
+        f"| {verdict(rps >= TARGET_BENCH_RPS)} |",
+        f"| vllm bench serve TTFT p50, door / vllm serve | {ttft:.2f}x | <= {TARGET_BENCH_TTFT}x "
+        f"| {verdict(ttft <= TARGET_BENCH_TTFT)} |",
     ]
 
 
 def bench_rows(sides: list[Side]) -> list[str]:
     rows = []
     for s in sides:
-        for c, r in sorted(s.bench.items()):
+        if r := s.bench:
             rows.append(
-                f"| {s.label} | {c} | {r['completed']}/{r['num_prompts']} "
+                f"| {s.label} | {r['completed']}/{r['num_prompts']} "
                 f"| {r['median_ttft_ms']:.0f} | {r['median_tpot_ms']:.1f} "
                 f"| {r['median_e2el_ms']:.0f} | {r['request_throughput']:.2f} |"
             )
@@ -365,60 +466,87 @@ def bench_rows(sides: list[Side]) -> list[str]:
 
 async def door_vs_serve(model: str, args: argparse.Namespace) -> None:
     out = Path(tempfile.mkdtemp(prefix="bench-front-door-"))
-    door: list[Side] = []
+    doors: dict[str, list[Side]] = {c: [] for c in args.door_configs}
     serve: list[Side] = []
     for _ in range(args.rounds):
-        for label, starter, url_of, into in (
-            ("front door", start_door, "front", door),
-            ("vllm serve", start_serve, "vllm serve", serve),
-        ):
-            if args.only and args.only != url_of.split()[-1]:
-                continue
-            servers = starter(model, args)
+        for config in args.door_configs:
+            if args.only == "serve":
+                break
+            door = DOOR_CONFIGS[config]
+            servers = start_door(model, door)
             try:
-                url = servers[url_of].url
-                into.append(await measure_side(label, servers, url, model, args, out))
+                label = f"front door ({door.name})"
+                side = await measure_side(label, servers, servers["front"].url, model, args, out)
+                doors[config].append(side)
             finally:
                 stop(servers)
-    sides = [s for pair in itertools.zip_longest(door, serve) for s in pair if s is not None]
+        if args.only != "front":
+            servers = start_serve(model)
+            try:
+                url = servers["vllm serve"].url
+                serve.append(await measure_side("vllm serve", servers, url, model, args, out))
+            finally:
+                stop(servers)
+    report(doors, serve, args, out)
+
+
+def report(
+    doors: dict[str, list[Side]], serve: list[Side], args: argparse.Namespace, out: Path
+) -> None:
+    sides = [s for group in (*doors.values(), serve) for s in group]
     print(
-        f"\n(b) /v1/chat/completions, one 448x448 image, greedy, max_tokens 8; one side at a "
-        f"time, {args.rounds} round(s); render {args.render_workers} worker(s), door "
-        f"{args.front_workers}; VLLM_CPU_OMP_THREADS_BIND=auto on both engines"
+        f"\n(b) /v1/chat/completions, greedy, max_tokens 8, a fresh image set per request; one "
+        f"side at a time, {args.rounds} round(s); VLLM_CPU_OMP_THREADS_BIND=auto on both engines"
     )
-    print(
-        "| side | c=1 p50 / p95 ms | c=8 req/s | c=8 p50 ms "
-        "| CPU ms/request at c=8 (by process) | errors |"
-    )
-    print("|---|---|---|---|---|---|")
-    for row in side_rows(sides):
-        print(row)
-    print("\n| target | measured | target | |")
-    print("|---|---|---|---|")
-    for row in ratio_rows(door, serve) if door and serve else []:
-        print(row)
-    if args.bench_prompts:
+    for load in args.loads:
+        print(f"\n{LOADS[load].name} per request")
         print(
-            "\n`vllm bench serve` (openai-chat, random-mm, one 448x448 image, 8 tokens, ignore_eos)"
+            "| side | c=1 p50 / p95 ms | c=8 req/s | c=8 p50 ms "
+            "| CPU ms/request at c=8 (by process) | errors |"
         )
-        print("| side | concurrency | completed | TTFT p50 ms | TPOT p50 ms | E2E p50 ms | req/s |")
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|")
+        for row in side_rows(sides, load):
+            print(row)
+    for config, door in doors.items():
+        print(f"\n| target, front door ({DOOR_CONFIGS[config].name}) | measured | target | |")
+        print("|---|---|---|---|")
+        if door and serve:
+            for load in args.loads:
+                for row in ratio_rows(door, serve, load):
+                    print(row)
+            if args.bench_serve:
+                for row in bench_ratio_rows(door, serve):
+                    print(row)
+    if args.bench_serve:
+        print(
+            f"\n`vllm bench serve` (openai-chat, random-mm, one 448x448 image, 64 tokens in, 16 "
+            f"out with ignore_eos, c={BENCH_CONCURRENCY}, {BENCH_PROMPTS} prompts)"
+        )
+        print("| side | completed | TTFT p50 ms | TPOT p50 ms | E2E p50 ms | req/s |")
+        print("|---|---|---|---|---|---|")
         for row in bench_rows(sides):
             print(row)
-    print("\nWhere the time goes at c=1 (mean ms per request, the services' own metrics)")
+    for load in args.loads:
+        hop_table(sides, load)
+    print(f"\n(vllm bench serve result JSON in {out})", flush=True)
+
+
+def hop_table(sides: list[Side], load: str) -> None:
+    print(f"\nWhere the time goes at c=1, {LOADS[load].name} (mean ms per request, the services' ")
+    print("own metrics)")
     print("| hop | " + " | ".join(s.label for s in sides) + " |")
     print("|---|" + "---|" * len(sides))
     labels = [h[0] for h in HOPS]
     for label in ["client end to end (mean)", *labels]:
         cells = []
         for s in sides:
+            r = s.loads[load]
             if label.startswith("client"):
-                cells.append(f"{np.mean(s.c1.latencies) * 1000:.1f}")
+                cells.append(f"{np.mean(r.c1.latencies) * 1000:.1f}")
             else:
-                cells.append(f"{s.hops[label]:.1f}" if label in s.hops else "")
+                cells.append(f"{r.hops[label]:.1f}" if label in r.hops else "")
         if any(cells):
             print(f"| {label} | " + " | ".join(cells) + " |")
-    print(f"\n(vllm bench serve result JSON in {out})", flush=True)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -457,17 +585,23 @@ async def proxy_part(model: str, n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("-n", type=int, default=40, help="(a): requests per measurement")
-    parser.add_argument("--n1", type=int, default=40, help="(b): requests at concurrency 1")
-    parser.add_argument("--n8", type=int, default=80, help="(b): requests at concurrency 8")
     parser.add_argument(
-        "--bench-prompts",
-        type=int,
-        default=64,
-        help="(b): vllm bench serve's prompts at concurrency 8 (a quarter at 1; 0: not run)",
+        "--loads", nargs="+", choices=list(LOADS), default=list(LOADS), help="(b): the loads"
+    )
+    parser.add_argument(
+        "--door-configs",
+        nargs="+",
+        choices=list(DOOR_CONFIGS),
+        default=list(DOOR_CONFIGS),
+        help="(b): the door side's worker counts: the services' defaults, one worker each",
+    )
+    parser.add_argument(
+        "--no-bench-serve",
+        dest="bench_serve",
+        action="store_false",
+        help="(b): skip vllm bench serve",
     )
     parser.add_argument("--rounds", type=int, default=1, help="(b): door, then serve, N times")
-    parser.add_argument("--front-workers", type=int, default=1, help="(b): door workers")
-    parser.add_argument("--render-workers", type=int, default=1, help="(b): render workers")
     parser.add_argument(
         "--only", choices=["front", "serve"], help="(b): measure one side alone (experiments)"
     )

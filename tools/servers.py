@@ -178,11 +178,15 @@ def upstream_serve(model: str, *options: str, env: dict[str, str] | None = None)
     )
 
 
-def tandem_render(model: str, *options: str, workers: int = 1) -> ServerProcess:
-    """Our render server (``options``: more of its command-line options)."""
-    return _start(
-        "tandem-render", "tandem_render", ["--model", model, "--workers", str(workers), *options]
-    )
+def tandem_render(model: str, *options: str, workers: int | None = 1) -> ServerProcess:
+    """Our render server (``options``: more of its command-line options; ``workers`` None:
+    the service's default count)."""
+    args = ["--model", model, *_workers(workers), *options]
+    return _start("tandem-render", "tandem_render", args)
+
+
+def _workers(workers: int | None) -> list[str]:
+    return [] if workers is None else ["--workers", str(workers)]
 
 
 def tandem_generate(
@@ -216,12 +220,13 @@ def tandem_front(
     render: str | list[str],
     generate: str | list[str],
     *extra: str,
-    workers: int = 1,
+    workers: int | None = 1,
 ) -> ServerProcess:
-    """The front door over the given render and generate URLs (extra flags appended)."""
+    """The front door over the given render and generate URLs (extra flags appended;
+    ``workers`` None: the service's default count)."""
 
     def joined(urls: str | list[str]) -> str:
         return urls if isinstance(urls, str) else ",".join(urls)
 
     args = ["--model", model, "--render", joined(render), "--generate", joined(generate)]
-    return _start("tandem-front", "tandem_front", [*args, "--workers", str(workers), *extra])
+    return _start("tandem-front", "tandem_front", [*args, *_workers(workers), *extra])
