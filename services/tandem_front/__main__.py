@@ -97,8 +97,8 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         "--workers",
         type=int,
         default=int(env("TANDEM_FRONT_WORKERS", "0")) or None,
-        help="worker processes (default: $TANDEM_FRONT_WORKERS, else the number of cores, "
-        "at most 4)",
+        help="worker processes (default: $TANDEM_FRONT_WORKERS, else 1, as vllm serve's one "
+        "API process)",
     )
     p.add_argument(
         "--api-key",

@@ -52,7 +52,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         "--workers",
         type=int,
         default=int(env("TANDEM_RENDER_WORKERS", "0")) or None,
-        help="worker processes (default: $TANDEM_RENDER_WORKERS, else the number of cores)",
+        help="worker processes (default: $TANDEM_RENDER_WORKERS, else the usable cores but one, "
+        "at least one: an engine shares the host in a one-box deployment)",
     )
     p.add_argument(
         "--inline-processing",

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem_http import BodyDeadline, settings_from_json, settings_to_json
+from tandem_http import BodyDeadline, render_default_workers, settings_from_json, settings_to_json
 
 from .media import MediaPolicy
 
@@ -76,8 +75,9 @@ class RenderSettings:
 
     host: str = "127.0.0.1"
     port: int = 8100
-    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    """Worker processes; rendering is CPU- and GIL-bound, so throughput grows with them."""
+    workers: int = field(default_factory=render_default_workers)
+    """Worker processes; rendering is CPU- and GIL-bound, so throughput grows with them up to
+    the cores free for it (default: the usable cores but one, see ``render_default_workers``)."""
 
     inline_processing: bool = True
     """Tokenize, apply the chat template and decode/process media on each worker's event loop

@@ -12,6 +12,8 @@ def test_public_api_is_pinned() -> None:
     assert sorted(tandem_http.__all__) == sorted(
         [
             "DRAINING_HEADER",
+            "render_default_workers",
+            "usable_cores",
             "MAX_BODY_HEADER",
             "MULTIPROC_ENV",
             "REQUEST_ID_HEADER",

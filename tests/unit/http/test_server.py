@@ -241,3 +241,24 @@ def test_idle_connections_outlive_the_clients_keep_alive(tmp_path: Path) -> None
             assert _read_answer(sock).startswith(b"HTTP/1.1 200")
     finally:
         _stop(proc)
+
+
+def test_render_leaves_the_engine_a_core_of_the_ones_it_may_use(monkeypatch):
+    from tandem_http import render_default_workers, usable_cores
+
+    # The affinity mask (taskset, a cpuset) counts, not the host's cores.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 4, 5})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cores() == 4
+    assert render_default_workers() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert render_default_workers() == 1
+
+
+def test_a_newcomer_on_two_cores_gets_one_render_and_one_door_worker(monkeypatch):
+    from tandem_front.settings import FrontSettings
+    from tandem_render.settings import RenderSettings
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert RenderSettings(model="m").workers == 1
+    assert FrontSettings(model="m", render_urls=(), generate_urls=()).workers == 1
