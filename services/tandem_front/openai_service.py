@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
@@ -32,7 +33,8 @@ from tandem_wire import (
     decode_document,
     decode_generate_request,
     decode_generate_requests,
-    encode_generate_request,
+    msgpack_fields,
+    msgpack_pieces_with,
     new_request_id,
 )
 
@@ -99,6 +101,14 @@ class Answers(Protocol):
         ...
 
 
+@dataclass
+class _Relayed:
+    """One prompt's generate request: as the answer side reads it, and its body's pieces."""
+
+    gen: GenerateRequest[Any]
+    pieces: list[bytes | memoryview]
+
+
 class _PassThrough(Exception):
     """An upstream refused: its answer goes to the caller unchanged."""
 
@@ -132,13 +142,10 @@ class OpenAIService:
             raw = await self._render("/v1/chat/completions/render", body, request)
             # No name keeps the answer's bytes: its items are views into them, dropped with
             # them once generate has the request (see ``_slim``).
-            gens = [
-                self._generate_request(
-                    _decoded(decode_generate_request, raw), plan, f"chatcmpl-{new_request_id()}"
-                )
-            ]
+            rid = f"chatcmpl-{new_request_id()}"
+            relays = self._relays(raw, [_decoded(decode_generate_request, raw)], plan, [rid], False)
             rendered, raw = len(raw), b""
-            return await self._answer(request, doc, plan, gens, gens[0].request_id, rendered)
+            return await self._answer(request, doc, plan, relays, rid, rendered)
         except _PassThrough as refused:
             return refused.response
 
@@ -148,12 +155,11 @@ class OpenAIService:
         try:
             raw = await self._render("/v1/completions/render", body, request)
             rid = f"cmpl-{new_request_id()}"
-            gens = [
-                self._generate_request(r, plan, f"{rid}-{i}")
-                for i, r in enumerate(_decoded(decode_generate_requests, raw))
-            ]
+            rendered_list = _decoded(decode_generate_requests, raw)
+            ids = [f"{rid}-{i}" for i in range(len(rendered_list))]
+            relays = self._relays(raw, rendered_list, plan, ids, True)
             rendered, raw = len(raw), b""
-            return await self._answer(request, doc, plan, gens, rid, rendered)
+            return await self._answer(request, doc, plan, relays, rid, rendered)
         except _PassThrough as refused:
             return refused.response
 
@@ -162,7 +168,7 @@ class OpenAIService:
         request: Request,
         doc: dict[str, Any],
         plan: Plan,
-        gens: list[GenerateRequest[Any]],
+        relays: list[_Relayed],
         rid: str,
         rendered: int,
     ) -> Response:
@@ -171,8 +177,9 @@ class OpenAIService:
         ids, sampling, ids; see ``_slim``), and its ``rendered`` bytes go back to the request's
         admission slot. Then the answer, streamed or whole."""
         model = self._model(doc)
-        opened = await self._open_all(gens, request)
-        gens[:] = _slim(gens)
+        opened = await self._open_all(relays, request)
+        gens = _slim([r.gen for r in relays])
+        relays.clear()
         slot = slot_of(request)
         if slot is not None:
             slot.give_back(rendered)
@@ -229,22 +236,39 @@ class OpenAIService:
         cap = await self.upstreams.generate_body_cap(0)
         return await self.forwarder.read(node, response, cap, slot)
 
-    def _generate_request(
-        self, rendered: GenerateRequest[Any], plan: Plan, request_id: str
-    ) -> GenerateRequest[Any]:
-        # Sampling is render's, as rendered: vLLM's own ``to_sampling_params`` resolved the
-        # caller's body there (max_tokens clamped to the room left, the model's default
-        # stop_token_ids merged in); a field render left out equals SamplingParams' default,
-        # which generate reads back. Only what the door itself answers is set here: the
-        # stream's usage chunks and token ids are the door's to write.
-        return msgspec.structs.replace(
-            rendered,
-            request_id=request_id,
-            sampling_params=plan.sampling(rendered.sampling_params),
-            stream=plan.stream,
-            stream_options=None,
-            return_token_ids=False,
-        )
+    def _relays(
+        self,
+        raw: bytes,
+        rendered: list[GenerateRequest[Any]],
+        plan: Plan,
+        request_ids: list[str],
+        many: bool,
+    ) -> list[_Relayed]:
+        """Each rendered request as generate gets it, and as the answer side reads it.
+
+        Sampling is render's, as rendered: vLLM's own ``to_sampling_params`` resolved the
+        caller's body there (max_tokens clamped to the room left, the model's default
+        stop_token_ids merged in); a field render left out equals SamplingParams' default,
+        which generate reads back. Only what the door itself answers is set here: the
+        stream's usage chunks and token ids are the door's to write. The body sent is
+        render's with those fields set: its items go on as views into ``raw``, neither
+        decoded nor re-encoded (megabytes of pixels per request)."""
+        try:
+            fields = msgpack_fields(raw, many=many)
+        except WireError:
+            raise UpstreamError("render answered an unreadable rendered request") from None
+        relays = []
+        for r, f, request_id in zip(rendered, fields, request_ids, strict=True):
+            changes = {
+                "request_id": request_id,
+                "sampling_params": plan.sampling(r.sampling_params),
+                "stream": plan.stream,
+                "stream_options": None,
+                "return_token_ids": False,
+            }
+            gen = msgspec.structs.replace(r, **changes)
+            relays.append(_Relayed(gen, msgpack_pieces_with(f, changes)))
+        return relays
 
     def _generate_nodes(self, gen: GenerateRequest[Any]) -> list[Node]:
         feats = gen.features
@@ -253,22 +277,22 @@ class OpenAIService:
         )
 
     async def _open_generate(
-        self, gen: GenerateRequest[Any], request: Request
+        self, relay: _Relayed, request: Request
     ) -> tuple[Node, httpx.Response]:
         slot = slot_of(request)
-        body = HandedOver(encode_generate_request(gen, WireFormat.MSGPACK))
+        body = HandedOver(relay.pieces)
         if slot is not None:
-            slot.take(body.length)  # the encoded copy, held until a node has it
+            slot.take(body.copied)  # its own pieces, held until a node has it
         headers = self._headers(request, _MSGPACK)
         headers["content-length"] = str(body.length)
         try:
             node, response = await self.forwarder.open(
-                self._generate_nodes(gen), "POST", "/inference/v1/generate", headers, body
+                self._generate_nodes(relay.gen), "POST", "/inference/v1/generate", headers, body
             )
         finally:
             body.drop()
             if slot is not None:
-                slot.give_back(body.length)
+                slot.give_back(body.copied)
         if response.status_code != 200:
             raw = await self._read(node, response)
             raise _PassThrough(_passed(response, raw))
@@ -324,9 +348,9 @@ class OpenAIService:
         return Relay(tail, release, media_type="text/event-stream")
 
     async def _open_all(
-        self, gens: list[GenerateRequest[Any]], request: Request
+        self, relays: list[_Relayed], request: Request
     ) -> list[tuple[Node, httpx.Response]]:
-        tasks = [asyncio.ensure_future(self._open_generate(g, request)) for g in gens]
+        tasks = [asyncio.ensure_future(self._open_generate(r, request)) for r in relays]
         handed = False
         try:
             # The first refusal is the answer: the others are not waited for (a node may

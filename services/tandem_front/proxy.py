@@ -458,22 +458,34 @@ async def _read_capped(response: httpx.Response, max_bytes: int | None, slot: Sl
             slot.give_back(total)
 
 
-class HandedOver(httpx.AsyncByteStream):
-    """A request body held until ``drop``: sent again on a retry to another node, and let go
-    once a node has taken it (an answer that streams for minutes keeps its request object,
-    and would keep its body with it)."""
+_SLICE = 256 * 1024
 
-    def __init__(self, body: bytes) -> None:
-        self.body: bytes | None = body
-        self.length = len(body)
+
+class HandedOver(httpx.AsyncByteStream):
+    """A request body, as pieces sent one after the other, held until ``drop``: sent again on
+    a retry to another node, and let go once a node has taken it (an answer that streams for
+    minutes keeps its request object, and would keep its body with it)."""
+
+    def __init__(self, body: bytes | list[bytes | memoryview]) -> None:
+        self.pieces: list[bytes | memoryview] | None = [body] if isinstance(body, bytes) else body
+        self.length = sum(memoryview(p).nbytes for p in self.pieces)
+        self.copied = sum(len(p) for p in self.pieces if isinstance(p, bytes))
+        """Bytes held in pieces of its own (the others are views into a body held anyway)."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        if self.body is None:
+        if self.pieces is None:
             raise RuntimeError("a dropped body was sent again")
-        yield self.body
+        for piece in self.pieces:
+            if isinstance(piece, bytes):
+                yield piece
+                continue
+            # h11 copies what it writes into bytes: a view goes in slices, each copied into
+            # memory the allocator reuses, rather than into one fresh buffer of its size.
+            for at in range(0, piece.nbytes, _SLICE):
+                yield bytes(piece[at : at + _SLICE])
 
     def drop(self) -> None:
-        self.body = None
+        self.pieces = None
 
 
 async def _whole_events(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

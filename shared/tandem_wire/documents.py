@@ -31,6 +31,8 @@ __all__ = [
     "encode_generate_request",
     "encode_generate_requests",
     "encode_generate_request_parts",
+    "msgpack_fields",
+    "msgpack_pieces_with",
     "encode_document",
     "decode_document",
     "check_features",
@@ -336,6 +338,58 @@ def _with_doc_entries(
     if isinstance(doc, list):
         return [_with_entries(r, fn) for r in doc]
     return _with_entries(doc, fn)
+
+
+_VIEW_AT_LEAST = 64 * 1024
+"""A field value at least this large goes out as a view into its source, not copied into the
+head pieces around it (smaller ones are copied: one write per field would cost more)."""
+
+_MSGPACK_FIELDS = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
+_MSGPACK_FIELDS_LIST = msgspec.msgpack.Decoder(list[dict[str, msgspec.Raw]])
+
+
+def msgpack_fields(body: ItemBytes, many: bool = False) -> list[dict[str, msgspec.Raw]]:
+    """The top-level fields of a msgpack generate request (``many``: of each request of a
+    list), each value still encoded: a view into ``body``, nothing decoded or copied. For a
+    body already checked with ``decode_generate_request(s)``; raises WireError otherwise."""
+    try:
+        return _MSGPACK_FIELDS_LIST.decode(body) if many else [_MSGPACK_FIELDS.decode(body)]
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedBody(f"not a msgpack generate request: {exc}") from None
+
+
+def msgpack_pieces_with(
+    fields: dict[str, msgspec.Raw], changes: dict[str, Any]
+) -> list[bytes | memoryview]:
+    """One msgpack generate request: ``fields`` (from ``msgpack_fields``) with ``changes``
+    set, as pieces whose concatenation is the document. Large unchanged values (the items)
+    are views into the body they came from: a relay that sets a request's id and sampling
+    neither re-encodes nor copies the megabytes it passes on."""
+    merged: dict[str, Any] = {**fields, **changes}
+    pieces: list[bytes | memoryview] = []
+    head = bytearray(_map_header(len(merged)))
+    for name, value in merged.items():
+        head += _MSGPACK_ENCODER.encode(name)
+        if name in changes:
+            head += _MSGPACK_ENCODER.encode(value)
+            continue
+        view = memoryview(value)
+        if view.nbytes < _VIEW_AT_LEAST:
+            head += view
+            continue
+        pieces += (bytes(head), view)
+        head = bytearray()
+    if head:
+        pieces.append(bytes(head))
+    return pieces
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x80 | n])
+    if n < 1 << 16:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
 
 
 def encode_generate_request(req: GenerateRequest[Any], fmt: WireFormat) -> bytes:

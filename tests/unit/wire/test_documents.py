@@ -35,6 +35,8 @@ from tandem_wire import (
     encode_generate_requests,
     format_for_accept,
     format_of_content_type,
+    msgpack_fields,
+    msgpack_pieces_with,
 )
 
 from .test_golden import golden_request
@@ -319,3 +321,66 @@ def test_json_entries_are_reserved_once_before_any_is_decoded():
     # msgpack entries are views into the body: nothing to reserve.
     binary = encode_generate_request(_many_entries_request(), WireFormat.MSGPACK)
     decode_generate_request(binary, WireFormat.MSGPACK, reserve=refuse)
+
+
+def _changed(req: GenerateRequest[Any], changes: dict[str, Any]) -> GenerateRequest[Any]:
+    return msgspec.structs.replace(req, **changes)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    request_id=st.text(max_size=20),
+    big=st.integers(min_value=0, max_value=200_000),
+    entries=st.lists(st.one_of(st.none(), st.binary(max_size=40)), min_size=1, max_size=5),
+    changes=st.fixed_dictionaries(
+        {},
+        optional={
+            "request_id": st.text(max_size=20),
+            "sampling_params": st.dictionaries(
+                st.sampled_from(["max_tokens", "seed"]), st.integers(0, 99)
+            ),
+            "stream": st.booleans(),
+            "stream_options": st.none(),
+            "return_token_ids": st.booleans(),
+        },
+    ),
+)
+def test_a_relayed_request_with_changes_is_the_changed_request(request_id, big, entries, changes):
+    n = len(entries)
+    entries = [b"\x07" * big, *entries]  # one item past the size that goes out as a view
+    req = GenerateRequest(
+        token_ids=list(range(n + 1)),
+        request_id=request_id,
+        features=MultiModalFeatures(
+            mm_hashes={"image": ["ab" * 32] * (n + 1)},
+            mm_placeholders={"image": [PlaceholderRange(offset=i, length=1) for i in range(n + 1)]},
+            kwargs_data={"image": entries},
+        ),
+        sampling_params={"temperature": 0.0},
+    )
+    body = encode_generate_request(req, WireFormat.MSGPACK)
+    (fields,) = msgpack_fields(body)
+    pieces = msgpack_pieces_with(fields, changes)
+    relayed = b"".join(pieces)
+    want = _changed(req, changes)
+    assert decode_generate_request(relayed, WireFormat.MSGPACK) == decode_generate_request(
+        encode_generate_request(want, WireFormat.MSGPACK), WireFormat.MSGPACK
+    )
+    # The items are not copied: a large one is a view into the body it came from.
+    views = [p for p in pieces if isinstance(p, memoryview)]
+    assert [v.obj for v in views] == ([fields["features"]] if big >= 64 * 1024 else [])
+
+
+def test_each_request_of_a_relayed_list_keeps_its_own_fields():
+    reqs = [_many_entries_request("a"), golden_request()]
+    body = encode_generate_requests(reqs, WireFormat.MSGPACK)
+    fields = msgpack_fields(body, many=True)
+    relayed = [b"".join(msgpack_pieces_with(f, {"stream": True})) for f in fields]
+    got = [decode_generate_request(r, WireFormat.MSGPACK) for r in relayed]
+    assert [g.request_id for g in got] == ["a", "r1"] and all(g.stream for g in got)
+    assert got[1].token_ids == golden_request().token_ids
+
+
+def test_a_body_that_is_not_a_msgpack_map_is_refused():
+    with pytest.raises(MalformedBody):
+        msgpack_fields(b"\x93\x01\x02\x03")
