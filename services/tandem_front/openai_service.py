@@ -385,12 +385,16 @@ class OpenAIService:
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    done = False
     async for line in response.aiter_lines():
-        if not line.startswith("data: "):
+        if done or not line.startswith("data: "):
             continue
         payload = line[6:]
         if payload == "[DONE]":
-            return
+            # Read on to the body's end (its last chunk is still to come): an answer closed
+            # before it drops its connection, and every streamed request paid a new one.
+            done = True
+            continue
         event = json.loads(payload)
         if not isinstance(event, dict):
             raise ValueError("a stream event is not an object")

@@ -86,3 +86,33 @@ async def test_generate_gets_renders_sampling_as_rendered(path, body, stream):
     # Before, the caller's max_tokens (past the room left) and stop_token_ids (without the
     # model's own) were written back over render's.
     assert [g["sampling_params"] for g in t.generated] == [RENDERED]
+
+
+async def test_a_streamed_answer_is_read_to_its_end_so_its_connection_is_kept():
+    # httpx gives a connection back to its pool only from an answer read to its end; the
+    # door stopped at [DONE], before the body's last chunk, and paid a new connection for
+    # every streamed request.
+    ended: list[bool] = []
+
+    async def done_then_end() -> AsyncIterator[bytes]:
+        yield _token_event(5, "length")
+        yield b"data: [DONE]\n\n"
+        ended.append(True)  # runs only when the reader asks for more after [DONE]
+        yield b""
+
+    class Streams(Recorded):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.host == "g1" and request.method == "POST":
+                await request.aread()
+                stream = _Stream(done_then_end())
+                return httpx.Response(
+                    200, headers={"content-type": "text/event-stream"}, stream=stream
+                )
+            return await super().handle_async_request(request)
+
+    t = Streams(RENDERED)
+    app = create_app(settings(render_urls=("http://r1",), generate_urls=("http://g1",)), Texts(), t)
+    async with app_client(app) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    assert ended == [True]
