@@ -57,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         "reach them all)",
     )
     parser.add_argument("--front-port", type=int, default=8000)
-    parser.add_argument("--render-workers", type=int, default=0, help="default: render's own (the usable cores but one)")
+    parser.add_argument(
+        "--render-workers",
+        type=int,
+        default=0,
+        help="default: render's own (the usable cores but one)",
+    )
     parser.add_argument("--engine-args", default="--enforce-eager --max-model-len 4096")
     parser.add_argument("--demo", action="store_true", help="run the example, then stop")
     parser.add_argument(

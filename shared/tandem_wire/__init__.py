@@ -42,11 +42,11 @@ from .documents import (
     encode_document,
     encode_generate_request,
     encode_generate_request_parts,
-    msgpack_fields,
-    msgpack_pieces_with,
     encode_generate_requests,
     format_for_accept,
     format_of_content_type,
+    msgpack_fields,
+    msgpack_pieces_with,
 )
 from .dtypes import WIRE_DTYPES, numpy_dtype, wire_dtype_name
 from .errors import (
