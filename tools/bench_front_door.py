@@ -315,23 +315,29 @@ class DoorConfig:
     name: str
     render_workers: int | None
     front_workers: int | None
+    inline: bool = False
+    """Render inside the door's processes (``--render inline``), no render service."""
 
 
 DOOR_CONFIGS = {
     "defaults": DoorConfig("defaults", None, None),
     "one": DoorConfig("one worker each", 1, 1),
+    "inline": DoorConfig("render inline, defaults", None, None, inline=True),
 }
 
 
 def start_door(model: str, config: DoorConfig) -> dict[str, ServerProcess]:
     servers: dict[str, ServerProcess] = {}
     try:
-        servers["render"] = tandem_render(model, workers=config.render_workers)
+        if not config.inline:
+            servers["render"] = tandem_render(model, workers=config.render_workers)
         servers["generate"] = tandem_generate(model, env=VLLM_DEFAULT_BINDING)
-        servers["render"].wait_healthy(300)
+        if not config.inline:
+            servers["render"].wait_healthy(300)
         servers["generate"].wait_healthy(600)
+        render = "inline" if config.inline else servers["render"].url
         servers["front"] = tandem_front(
-            model, servers["render"].url, servers["generate"].url, workers=config.front_workers
+            model, render, servers["generate"].url, workers=config.front_workers
         )
         servers["front"].wait_healthy(120)
     except BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 from tandem_http import (
     ADMIN_KEY_ENV,
@@ -16,6 +17,7 @@ from tandem_http import (
 from tandem_http.draining import KEEP_ALIVE_S
 from tandem_vllm.parser_flags import add_parser_flags, check_parser_flags
 
+from .inline_render import INLINE, INLINE_RENDER_URL, inline_render_settings
 from .settings import SETTINGS_ENV, FrontSettings
 
 
@@ -36,8 +38,15 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         default=_urls(env("TANDEM_RENDER_URLS", "")) if env("TANDEM_RENDER_URLS") else None,
         required=not env("TANDEM_RENDER_URLS"),
         help="render node base URLs, comma-separated; dns+http://NAME:PORT is every address "
-        "NAME resolves to, looked up again every --discovery-interval-s "
-        "(default: $TANDEM_RENDER_URLS)",
+        "NAME resolves to, looked up again every --discovery-interval-s; `inline`: render in "
+        "the door's own processes (one box; see --render-args) (default: $TANDEM_RENDER_URLS)",
+    )
+    p.add_argument(
+        "--render-args",
+        default="",
+        help="with --render inline: render's own options, as one string (python -m "
+        "tandem_render --help); the model, its tokenizer, chat template and parsers are the "
+        "door's",
     )
     p.add_argument(
         "--generate",
@@ -223,10 +232,19 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
     check_parser_flags(p, args)
     # An operator's cap is the cap; otherwise the door follows what the generate nodes take.
     args["follow_generate_body_cap"] = args["max_body_bytes"] is None
+    render_args = args.pop("render_args")
+    inline = args["render_urls"] == (INLINE,)
+    if inline:
+        args["render_urls"] = (INLINE_RENDER_URL,)
+    elif render_args:
+        p.error("--render-args is for --render inline")
     try:
-        return settings_from_cli(FrontSettings, args)
+        settings = settings_from_cli(FrontSettings, args)
     except ValueError as exc:
         p.error(str(exc))
+    if inline:
+        settings = replace(settings, inline_render=inline_render_settings(settings, render_args))
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
@@ -82,7 +82,21 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        upstreams = Upstreams(settings, transport, metrics)
+        async with AsyncExitStack() as stack:
+            mounts = {}
+            if settings.inline_render is not None:
+                from .inline_render import INLINE_RENDER_URL, inline_render
+
+                render = inline_render(settings.inline_render)
+                mounts[INLINE_RENDER_URL] = await stack.enter_async_context(render)
+            async with _serving(app, mounts):
+                yield
+
+    @asynccontextmanager
+    async def _serving(
+        app: FastAPI, mounts: dict[str, httpx.AsyncBaseTransport]
+    ) -> AsyncIterator[None]:
+        upstreams = Upstreams(settings, transport, metrics, mounts)
         watch = NodeWatch(upstreams, resolve)
         watching = None
         if watch.dynamic:

@@ -184,6 +184,10 @@ class FrontSettings:
     """Seconds between lookups of the ``dns+http://`` names of ``render_urls`` and
     ``generate_urls`` (and checks of pending nodes' weight versions)."""
 
+    inline_render: str | None = None
+    """Render's settings (JSON) when the door renders in its own processes (``--render
+    inline``; see ``inline_render``); None: render nodes at ``render_urls``."""
+
     discovery_hosts_file: str | None = None
     """A hosts-format file (``ADDRESS NAME...`` lines) that resolves the ``dns+http://`` names
     instead of DNS, read at each lookup (tests; hosts without DNS). None: the system resolver."""

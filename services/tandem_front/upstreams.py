@@ -52,6 +52,7 @@ class Upstreams:
         settings: FrontSettings,
         transport: httpx.AsyncBaseTransport | None = None,
         metrics: FrontMetrics | None = None,
+        mounts: dict[str, httpx.AsyncBaseTransport] | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -83,6 +84,7 @@ class Upstreams:
                 keepalive_expiry=settings.upstream_keepalive_s,
             ),
             transport=transport,
+            mounts=mounts,  # an in-process render (``inline_render``)
             event_hooks={"response": [self._learn]},
         )
         self._by_origin = {_origin(n.url): n for n in (*self.render, *self.generate)}
