@@ -165,6 +165,8 @@ def test_wire_public_api_is_pinned():
             "encode_document",
             "encode_generate_request",
             "encode_generate_request_parts",
+            "msgpack_fields",
+            "msgpack_pieces_with",
             "encode_generate_requests",
             "encode_item",
             "encode_item_b64",
