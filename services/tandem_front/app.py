@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -41,6 +41,7 @@ from .affinity import generate_route
 from .control import relay
 from .discovery import NodeWatch
 from .errors import UpstreamError, UpstreamUnavailable
+from .inline_render import render_mounts
 from .metrics import FrontMetrics
 from .openai_service import Answers, OpenAIService
 from .proxy import (
@@ -82,15 +83,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with AsyncExitStack() as stack:
-            mounts = {}
-            if settings.inline_render is not None:
-                from .inline_render import INLINE_RENDER_URL, inline_render
-
-                render = inline_render(settings.inline_render)
-                mounts[INLINE_RENDER_URL] = await stack.enter_async_context(render)
-            async with _serving(app, mounts):
-                yield
+        async with render_mounts(settings.inline_render) as mounts, _serving(app, mounts):
+            yield
 
     @asynccontextmanager
     async def _serving(

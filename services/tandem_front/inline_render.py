@@ -24,7 +24,7 @@ from tandem_http import settings_to_json
 
 from .settings import FrontSettings
 
-__all__ = ["INLINE", "INLINE_RENDER_URL", "inline_render", "inline_render_settings"]
+__all__ = ["INLINE", "INLINE_RENDER_URL", "inline_render_settings", "render_mounts"]
 
 INLINE = "inline"
 """The ``--render`` value that asks for it."""
@@ -66,12 +66,18 @@ def inline_render_settings(front: FrontSettings, render_args: str) -> str:
 
 
 @asynccontextmanager
-async def inline_render(settings_json: str) -> AsyncIterator[httpx.AsyncBaseTransport]:
-    """Render's app started (its tokenizer and processor loaded), as a transport for
-    ``INLINE_RENDER_URL``; stopped on exit."""
+async def render_mounts(
+    settings_json: str | None,
+) -> AsyncIterator[dict[str, httpx.AsyncBaseTransport]]:
+    """The door's in-process transports (httpx mounts): with render's settings, render's app
+    started (its tokenizer and processor loaded) at ``INLINE_RENDER_URL``, stopped on exit;
+    without, none."""
+    if settings_json is None:
+        yield {}
+        return
     from tandem_render.app import create_app
     from tandem_render.settings import RenderSettings
 
     app = create_app(RenderSettings.from_json(settings_json))
     async with app.router.lifespan_context(app):
-        yield httpx.ASGITransport(app=app)
+        yield {INLINE_RENDER_URL: httpx.ASGITransport(app=app)}

@@ -53,7 +53,7 @@ from .metrics import (
     prepare_multiprocess_dir,
 )
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
-from .server import render_default_workers, run_server, usable_cores
+from .server import run_server, usable_cores
 from .service_app import models_response, service_app
 from .settings_json import (
     serve_settings,
@@ -118,7 +118,6 @@ __all__ = [
     "read_body",
     "read_raw_body",
     "request_id_of",
-    "render_default_workers",
     "run_server",
     "usable_cores",
     "serve_settings",

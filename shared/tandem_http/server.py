@@ -20,7 +20,7 @@ from types import FrameType
 from .draining import DRAIN_GRACE_S, Drain, DrainingConfig, DrainingServer
 from .metrics import MULTIPROC_ENV, mark_process_dead, prepare_multiprocess_dir
 
-__all__ = ["render_default_workers", "run_server", "usable_cores"]
+__all__ = ["run_server", "usable_cores"]
 
 log = logging.getLogger("tandem")
 
@@ -42,18 +42,6 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def render_default_workers() -> int:
-    """Render's worker count when none is given: one per usable core but one, at least one.
-
-    What starts render without a count is a one-box deployment (``make run``, the documented
-    commands), where an engine shares the host: its scheduler loop (and, on a CPU build, its
-    pinned worker) holds a core, and the door and generate's API process run beside it. A
-    render worker per core then only adds processes that preempt those on the request's path
-    (measured on 2 cores at c=8: 31 req/s with one render worker, 26-27 with two). Dedicated
-    render nodes set ``--workers`` to their cores (the deploy manifests do)."""
-    return max(1, usable_cores() - 1)
 
 
 class PortInUse(RuntimeError):

@@ -4,9 +4,12 @@ whole and streamed (streams merged per choice, and the chunk sequences' shapes).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tools.servers import tandem_front
 
 from ..support.images import data_url, png_bytes
 from ..support.openai_compare import (
@@ -27,11 +30,26 @@ EOS, ENDOFTEXT = 1018, 1016  # the tiny Qwen2-VL's <|im_end|> (its EOS) and <|en
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 
 
-@pytest.fixture
-def urls(fleet, front_door) -> tuple[str, str, str]:
-    """The model, the door's URL and vllm serve's."""
+@pytest.fixture(scope="module")
+def inline_door(fleet_servers) -> Iterator[str]:
+    """A door at its defaults rendering in its own process (``--render inline``) over our
+    first generate node; stopped when the module ends."""
+    model, procs = fleet_servers
+    with tandem_front(model, "inline", procs["generate"].url, workers=None) as proc:
+        proc.wait_healthy(timeout=120)
+        yield proc.url
+
+
+@pytest.fixture(params=["render service", "render inline"])
+def urls(request, fleet) -> tuple[str, str, str]:
+    """The model, the door's URL (over the render service, or rendering inline) and vllm
+    serve's."""
     model, fleet_urls = fleet
-    return model, front_door[0], fleet_urls["up_serve"]
+    if request.param == "render service":
+        door = request.getfixturevalue("front_door")[0]
+    else:
+        door = request.getfixturevalue("inline_door")
+    return model, door, fleet_urls["up_serve"]
 
 
 def usage_options(stream: bool, continuous: bool = True) -> dict[str, Any]:

@@ -12,7 +12,6 @@ def test_public_api_is_pinned() -> None:
     assert sorted(tandem_http.__all__) == sorted(
         [
             "DRAINING_HEADER",
-            "render_default_workers",
             "usable_cores",
             "MAX_BODY_HEADER",
             "MULTIPROC_ENV",

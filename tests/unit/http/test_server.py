@@ -244,7 +244,8 @@ def test_idle_connections_outlive_the_clients_keep_alive(tmp_path: Path) -> None
 
 
 def test_render_leaves_the_engine_a_core_of_the_ones_it_may_use(monkeypatch):
-    from tandem_http import render_default_workers, usable_cores
+    from tandem_http import usable_cores
+    from tandem_render.settings import render_default_workers
 
     # The affinity mask (taskset, a cpuset) counts, not the host's cores.
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 4, 5})
