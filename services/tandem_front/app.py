@@ -143,8 +143,8 @@ def create_app(
     @admitted(gate)
     async def generate(request: Request) -> Response:
         # The body is read whole (capped), then sent on byte for byte, compressed or not.
-        # tandem_client names the routing key in a header (its repeats carry content ids, not
-        # render's hashes), and then the body is not decoded here at all: the node judges it.
+        # tandem_client names the routing key in a header, and then the body is not decoded
+        # here at all: the node judges it.
         # For other callers the key is read from the body (decoded off the loop, capped).
         coding = body_coding(request.headers.get("content-encoding"))
         fwd = forwarder(request)

@@ -48,7 +48,7 @@ from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_vllm.requests import UpstreamGenerateRequest, generate_request_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
 from tandem_vllm.wire_transforms import wire_transforms_for
-from tandem_wire import GenerateRequest, TandemHTTPError
+from tandem_wire import GenerateRequest, TandemHTTPError, named_by_content
 
 from .embeds import EmbedsSpec
 from .inline import InlineExecutor
@@ -349,6 +349,9 @@ class EngineRenderer:
             metadata_fields_for=self._metadata_fields,
             with_tensors=mm_payload == "tensors",
         )
+        if features is not None:
+            # The name the engine will key the item by (see tandem_wire.content_ids).
+            features = named_by_content(features, req.cache_salt or "")
         return generate_request_to_wire(req, features)
 
 

@@ -23,7 +23,7 @@ from .content_coding import (
     compress_zstd,
     decode_body,
 )
-from .content_ids import content_id
+from .content_ids import content_id, named_by_content
 from .documents import (
     ANY_WIRE_TRANSFORM,
     BODY_CODING_HEADER,
@@ -158,6 +158,7 @@ __all__ = [
     "check_features",
     "compress_zstd",
     "content_id",
+    "named_by_content",
     "decode_body",
     "decode_document",
     "decode_generate_request",

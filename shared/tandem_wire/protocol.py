@@ -75,7 +75,9 @@ class MultiModalFeatures(Struct, Generic[ItemT]):
     """
 
     mm_hashes: dict[Modality, list[ItemHash]]
-    """Item identities: vLLM's 64-hex blake3 of the media bytes plus processor kwargs."""
+    """Item identities, the names the engine keys items by: each sent item's content id
+    (``content_id(cache_salt or "", item bytes)``, see ``content_ids``); vLLM's 64-hex blake3
+    of the media and processor kwargs where render sends no bytes."""
 
     mm_placeholders: dict[str, list[PlaceholderRange]]
     """Placeholder ranges in ``token_ids``, globally sorted and non-overlapping."""

@@ -13,7 +13,13 @@ import httpx
 import msgspec
 import pytest
 
-from tandem_wire import WireFormat, decode_generate_request, decode_item_b64
+from tandem_wire import (
+    WireFormat,
+    b64decode_item_bytes,
+    content_id,
+    decode_generate_request,
+    decode_item_b64,
+)
 from tools.servers import tandem_render, upstream_render
 from tools.tiny_models import ensure_model
 
@@ -72,7 +78,7 @@ def assert_same_request(ours: dict, theirs: dict, model: str) -> None:
         elif key == "sampling_params":
             assert_same_sampling(mine, upstream)
         elif key == "features" and upstream is not None:
-            assert_same_features(mine, upstream, ours["token_ids"], model)
+            assert_same_features(mine, upstream, ours["token_ids"], model, ours.get("cache_salt"))
         else:
             assert mine == upstream, key
 
@@ -87,9 +93,27 @@ def assert_same_sampling(ours: dict, theirs: dict) -> None:
     assert ours["max_tokens"] == theirs.get("max_tokens", SamplingParams().max_tokens)
 
 
-def assert_same_features(ours: dict, theirs: dict, token_ids: list[int], model: str) -> None:
+def assert_same_features(
+    ours: dict, theirs: dict, token_ids: list[int], model: str, salt: str | None
+) -> None:
     assert sorted(ours) == sorted(theirs)
-    assert ours["mm_hashes"] == theirs["mm_hashes"]
+    # On purpose: each item we send is named by its content id (the name generate keys it
+    # by; tandem_wire.content_ids), upstream's by vLLM's hash of the media.
+    assert {m: len(h) for m, h in ours["mm_hashes"].items()} == {
+        m: len(h) for m, h in theirs["mm_hashes"].items()
+    }
+    data = ours["kwargs_data"] or {}
+    for modality, names in ours["mm_hashes"].items():
+        items = data.get(modality) or [None] * len(names)
+        for name, item, upstream_name in zip(
+            names, items, theirs["mm_hashes"][modality], strict=True
+        ):
+            expected = (
+                upstream_name
+                if item is None
+                else content_id(salt or "", b64decode_item_bytes(item))
+            )
+            assert name == expected
     config = json.loads((Path(model) / "config.json").read_text())
     embedding_token = {
         "image": config.get("image_token_id"),

@@ -251,6 +251,8 @@ def test_compose_and_k8s_generate_args_are_accepted_by_the_cli(qwen2_dir):
     assert events.endpoint == kv_events_config(docs)["endpoint"]
     precise = epp_plugin(epp_config(docs), "precise-prefix-cache-producer")
     assert engine.block_size == precise["tokenProcessorConfig"]["blockSizeTokens"]
+    # Keys a scheduler can compute: CBOR, not pickle (tests/integration/test_kv_events.py).
+    assert engine.prefix_caching_hash_algo == "sha256_cbor"
 
 
 @pytest.mark.skipif(

@@ -99,6 +99,7 @@ def test_wire_public_api_is_pinned():
             "BatchedLayout",
             "ChoiceLogprobs",
             "content_id",
+            "named_by_content",
             "DEFAULT_LIMITS",
             "DEFAULT_ZSTD_LEVEL",
             "IDENTITY",

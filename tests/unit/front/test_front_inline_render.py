@@ -14,6 +14,7 @@ from tandem_front.app import create_app
 from tandem_front.inline_render import INLINE_RENDER_URL, inline_render_settings
 from tandem_render.app import create_app as create_render_app
 from tandem_render.settings import RenderSettings
+from tandem_wire import MSGPACK_CONTENT_TYPE, WIRE_TRANSFORMS_HEADER
 from tests.support.asgi import app_client
 from tests.support.images import chat_body, data_url, png_bytes
 
@@ -59,10 +60,17 @@ async def test_generate_gets_what_the_render_service_renders(qwen2_dir):
         rendered_by_door = await c.post("/v1/chat/completions/render", json=body)
     assert r.status_code == 200, r.text
     async with app_client(create_render_app(RenderSettings(model=qwen2_dir))) as render:
-        rendered = (await render.post("/v1/chat/completions/render", json=body)).json()
+        # As the door asks the render service: the model's wire transforms, for generate.
+        answer = await render.post(
+            "/v1/chat/completions/render",
+            json=body,
+            headers={"accept": MSGPACK_CONTENT_TYPE, WIRE_TRANSFORMS_HEADER: "*"},
+        )
+    rendered = msgspec.msgpack.decode(answer.content)
     (sent,) = generate.received
     assert sent["token_ids"] == rendered["token_ids"]
     assert sent["features"]["mm_hashes"] == rendered["features"]["mm_hashes"]
+    assert sent["features"]["kwargs_data"] == rendered["features"]["kwargs_data"]
     assert sent["sampling_params"]["max_tokens"] == 3
     assert rendered_by_door.json()["token_ids"] == rendered["token_ids"]
 

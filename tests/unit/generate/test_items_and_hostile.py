@@ -49,7 +49,8 @@ def without_data(req: GenerateRequest, **changes) -> GenerateRequest:
 
 
 def nulls(req: GenerateRequest) -> GenerateRequest:
-    """The request with null entries under its own (render's) mm_hashes."""
+    """The request with null entries under its own (render's) mm_hashes: the content ids of
+    the bytes render sent."""
     feats = msgspec.structs.replace(
         req.features,
         kwargs_data={m: [None] * len(v) for m, v in req.features.kwargs_data.items()},
@@ -144,9 +145,14 @@ async def test_a_reused_hash_with_other_pixels_poisons_nothing(app, qwen2_render
         assert tokens(await post(c, victim)) == victim_tokens
         # ...and so is its null entry, which names its own bytes' content id.
         assert tokens(await post(c, without_data(victim))) == victim_tokens
-        # A null under a caller's hash names no bytes at all: nothing is served for it.
-        err = await post(c, nulls(victim), expect=409)
-        assert err["error"]["details"] == {"missing": {"image": [victim_hash]}}
+        # Render named the item by that content id: its answer's own null entry works too.
+        assert victim_hash == without_data(victim).features.mm_hashes["image"][0]
+        assert tokens(await post(c, nulls(victim))) == victim_tokens
+        # A null under any other name (upstream render's hash of the media, say) names no
+        # bytes at all: nothing is served for it.
+        stranger = "ab" * 32
+        err = await post(c, with_hashes(nulls(victim), [stranger]), expect=409)
+        assert err["error"]["details"] == {"missing": {"image": [stranger]}}
 
 
 async def test_a_null_never_resolves_to_pixels_its_sender_did_not_send(
