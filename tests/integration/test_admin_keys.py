@@ -7,7 +7,7 @@ end); an admin's calls through the door reach both nodes under the door's upstre
 
 from __future__ import annotations
 
-import re
+import json
 import threading
 import time
 from typing import Any
@@ -38,7 +38,7 @@ STATE_CHANGING: list[tuple[str, Any]] = [
     ("/finish_weight_update", {"weight_version": "stolen"}),
     ("/update_weight_version", {"new_version": "stolen"}),
 ]
-LONG = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0.0}
+LONG = {"max_tokens": 4000, "ignore_eos": True, "temperature": 0.0}
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -63,59 +63,68 @@ def keyed_fleet(tmp_path_factory):
             yield door.url, urls
 
 
-def running(url: str) -> float:
-    """The engine's own gauge of requests running on a node."""
-    text = httpx.get(f"{url}/metrics", headers=bearer(NODE_KEY), timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if re.match(r"vllm:num_requests_running\{", line)
-    )
-
-
 def node_state(url: str) -> tuple[bool, str]:
     paused = httpx.get(f"{url}/is_paused", headers=bearer(NODE_KEY), timeout=10).json()
     info = httpx.get(f"{url}/weight_info", headers=bearer(NODE_KEY), timeout=10).json()
     return paused["is_paused"], info["weight_version"]
 
 
+def stream_to_its_end(door: str, body: dict, first: threading.Event, out: dict) -> None:
+    """Streams ``body`` through the door: ``first`` is set once a token came back (the request
+    runs in the engine), and ``out`` gets the status, the tokens, the finish reason and when
+    the last chunk came."""
+    tokens: list[int] = []
+    with httpx.stream(
+        "POST",
+        f"{door}/inference/v1/generate",
+        json={**body, "stream": True},
+        headers=bearer(DOOR_KEY),
+        timeout=300,
+    ) as r:
+        out["status"] = r.status_code
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choice = json.loads(line.removeprefix("data: "))["choices"][0]
+            tokens += choice.get("token_ids") or []
+            out["finish"] = choice.get("finish_reason") or out.get("finish")
+            if tokens:
+                first.set()
+    out.update(tokens=len(tokens), ended=time.monotonic())
+    first.set()  # also when it failed: the test reads why
+
+
 def test_inference_keys_change_nothing_and_admins_reach_every_node(keyed_fleet):
     door, nodes = keyed_fleet
     assert [node_state(u) for u in nodes] == [(False, "default")] * 2
-    answers: list[httpx.Response] = []
     body = {"token_ids": [1017, 82, 88, 282, 1018], "sampling_params": LONG}
-    request = threading.Thread(
-        target=lambda: answers.append(
-            httpx.post(
-                f"{door}/inference/v1/generate",
-                json=body,
-                headers=bearer(DOOR_KEY),
-                timeout=300,
-            )
-        )
-    )
+    first, out = threading.Event(), {}
+    request = threading.Thread(target=stream_to_its_end, args=(door, body, first, out))
     request.start()
-    deadline = time.monotonic() + 60
-    while sum(running(u) for u in nodes) < 1:
-        assert time.monotonic() < deadline and request.is_alive(), "the request never ran"
-        time.sleep(0.05)
+    assert first.wait(timeout=120) and out.get("status", 200) == 200, out
+    # Held in flight by an admin (vLLM's keep pause on both nodes at once: it waits, neither
+    # aborted nor finished), so every refusal below meets it running, however slowly a busy
+    # node answers.
+    keep = {"mode": "keep", "clear_cache": "false"}
+    r = httpx.post(f"{door}/pause", params=keep, headers=bearer(DOOR_ADMIN), timeout=60)
+    assert r.status_code == 200, r.text
+    assert "ended" not in out, "the request ended before it could be held"
 
-    # Every state-changing route, with an inference key: at the door, then at each node;
-    # aborts first, while the request surely runs.
+    # Every state-changing route, with an inference key: at the door, then at each node.
     targets = [(door, DOOR_KEY), *((u, NODE_KEY) for u in nodes)]
     for path, payload in STATE_CHANGING:
         for base, key in targets:
             r = httpx.post(f"{base}{path}", json=payload, headers=bearer(key), timeout=30)
             assert r.status_code == 403, (base, path, r.text)
             assert r.json()["error"]["type"] == "admin_required", (base, path)
-        if path == "/abort_requests":
-            assert request.is_alive() and sum(running(u) for u in nodes) == 1
-    assert [node_state(u) for u in nodes] == [(False, "default")] * 2
+    assert [node_state(u) for u in nodes] == [(True, "default")] * 2
+    assert "ended" not in out
+    r = httpx.post(f"{door}/resume", headers=bearer(DOOR_ADMIN), timeout=60)
+    assert r.status_code == 200, r.text
     request.join(timeout=240)
-    (answer,) = answers
-    assert answer.status_code == 200, answer.text[:500]
-    choice = answer.json()["choices"][0]
-    assert (choice["finish_reason"], len(choice["token_ids"])) == ("length", 3000)
+    # Not aborted: once resumed it ran to its end.
+    assert (out["status"], out["finish"], out["tokens"]) == (200, "length", 4000)
+    assert [node_state(u) for u in nodes] == [(False, "default")] * 2
 
     # An admin through the door reaches both nodes (the door sends its upstream admin key).
     admin = bearer(DOOR_ADMIN)
