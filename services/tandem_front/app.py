@@ -21,6 +21,7 @@ from tandem_http import (
     AdmissionGate,
     BodyDeadline,
     ControlAccess,
+    add_server_info_routes,
     admitted,
     body_chunks,
     held_bytes_budget,
@@ -60,7 +61,14 @@ from .upstreams import Node, Upstreams
 
 __all__ = ["create_app", "app_from_env"]
 
-RENDER_ROUTES = ("/v1/chat/completions/render", "/v1/completions/render")
+RENDER_ROUTES = (
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/tokenize",
+    "/detokenize",
+)
+"""Render's routes, passed through as they are (``vllm serve`` answers the tokenizer routes
+with the same renderer render runs)."""
 GENERATE_PATH = "/inference/v1/generate"
 
 
@@ -190,6 +198,8 @@ def create_app(
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         return models_response(settings.names(), await openai(request).max_model_len())
+
+    add_server_info_routes(app, gate, health, lambda r: openai(r).answers.vllm_version)
 
     @app.get("/metrics")
     async def metrics_route(request: Request) -> Response:

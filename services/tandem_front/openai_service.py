@@ -91,6 +91,9 @@ class Plan(Protocol):
 class Answers(Protocol):
     """The tokenizer side (``vllm_answers.VllmAnswers``)."""
 
+    vllm_version: str
+    """The vLLM whose serving code writes the answers (the door's ``/version``)."""
+
     def plan(self, body: dict[str, Any], chat: bool, *, weight_versions: bool = False) -> Plan:
         """Raises BadRequest for a body vLLM's server refuses; ``weight_versions``: the caller
         asked for each choice's spans (``WEIGHT_VERSIONS_HEADER``)."""

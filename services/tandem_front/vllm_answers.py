@@ -37,6 +37,7 @@ from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from vllm.v1.engine.logprobs import LogprobsProcessor
+from vllm.version import __version__ as VLLM_VERSION  # type: ignore[attr-defined]
 
 from tandem_http import BadRequest
 from tandem_vllm.derender import model_registry, online_options
@@ -97,6 +98,7 @@ class VllmAnswers:
 
     def __init__(self, settings: FrontSettings) -> None:
         check_upstream_names(["front"])  # a vLLM upgrade fails here, not mid-request
+        self.vllm_version: str = VLLM_VERSION
         names = list(settings.names())
         args = AsyncEngineArgs(
             model=settings.model,

@@ -20,6 +20,7 @@ from tandem_http import (
     BadRequest,
     BodyDeadline,
     ControlAccess,
+    add_server_info_routes,
     admitted,
     held_bytes_budget,
     keep_freed_memory,
@@ -155,6 +156,12 @@ def create_app(
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         return models_response(settings.served_model_names, service(request).engine.max_model_len)
+
+    add_server_info_routes(app, gate, health, lambda r: service(r).engine.vllm_version)
+
+    @app.get("/kv_event_sources")
+    async def kv_event_sources(request: Request) -> Response:
+        return JSONResponse(service(request).engine.kv_event_sources())
 
     access = ControlAccess(settings.api_key, settings.admin_api_key, settings.enable_control_routes)
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from fastapi.encoders import jsonable_encoder
 from vllm.config import SchedulerConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.serve.utils.fingerprint import get_system_fingerprint
@@ -26,6 +27,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.loggers import PrometheusStatLogger
+from vllm.version import __version__ as VLLM_VERSION  # type: ignore[attr-defined]
 
 from tandem_http import BadRequest
 from tandem_vllm.item_rules import item_rule_for
@@ -69,6 +71,7 @@ class Engine:
         mc = self.vllm_config.model_config
         self.model_config = mc
         self.max_model_len: int = mc.max_model_len
+        self.vllm_version: str = VLLM_VERSION
         self.vocab_size: int = mc.get_vocab_size()
         self.max_num_seqs: int = self.vllm_config.scheduler_config.max_num_seqs
         self.max_logprobs: int = mc.max_logprobs
@@ -163,6 +166,12 @@ class Engine:
 
     async def reset_prefix_cache(self) -> bool:
         return bool(await self.llm.reset_prefix_cache())
+
+    def kv_event_sources(self) -> dict[str, Any]:
+        """Where each engine (by data-parallel rank) publishes its KV-cache events, as
+        ``vllm serve``'s ``/kv_event_sources`` answers it; empty without ``--kv-events-config``."""
+        sources = self.llm.get_kv_event_sources()
+        return {str(rank): jsonable_encoder(config) for rank, config in sources.items()}
 
     async def check_health(self) -> None:
         await self.llm.check_health()

@@ -136,6 +136,7 @@ class InputBuilder:
         out = EngineInputs(token_ids=list(ids), items={}, hashes={}, placeholders={})
         if feats is None:
             return out
+        _refuse_metadata_only(feats, bool(req.ec_transfer_params))
         n_items = sum(len(h) for h in feats.mm_hashes.values())
         if n_items > self.max_items:
             raise TooManyItems(f"{n_items} items in one prompt; the limit is {self.max_items}")
@@ -177,6 +178,7 @@ class InputBuilder:
                 stored_items.append(stored)
             if modality in missing:
                 continue
+            self._check_metadata(feats.mm_metadata, modality, stored_items)
             out.items[modality] = [s.item for s in stored_items]
             out.hashes[modality] = [s.content_id for s in stored_items]
             out.placeholders[modality] = [
@@ -239,6 +241,30 @@ class InputBuilder:
             wire=wire,
             nbytes=max(data.nbytes, sent.body) + sent.made,
         )
+
+    def _check_metadata(
+        self,
+        metadata: dict[str, list[ItemBytes | None]] | None,
+        modality: str,
+        stored: list[StoredItem],
+    ) -> None:
+        """Each ``mm_metadata`` entry describes its item: every field it names is the item's,
+        equal in data and layout (a grid that disagrees with the pixels is refused, not
+        silently dropped)."""
+        entries = (metadata or {}).get(modality)
+        for i, (entry, item) in enumerate(
+            zip(entries or [], stored if entries else [], strict=True)
+        ):
+            if entry is None:
+                continue
+            where = f"features.mm_metadata.{modality}[{i}]"
+            for key, elem in decode_item(entry, self.limits).items():
+                have = item.wire.get(key)
+                if have is None or have.layout != elem.layout or not _same(have.data, elem.data):
+                    raise InvalidItem(
+                        f"{where}: {key[:64]!r} disagrees with the item's kwargs_data",
+                        param=where,
+                    )
 
     def _spec_of(self, wire: KwargsItem, modality: str) -> ModalitySpec:
         """The spec an item is checked against: its modality's embedding form when it carries
@@ -369,3 +395,32 @@ def _check_merge(grid: np.ndarray, spec: ModalitySpec, modality: str) -> None:
             f"{modality} item grid {[int(x) for x in grid.reshape(3)]}: h and w must be "
             f"multiples of the merge size {merge}"
         )
+
+
+def _refuse_metadata_only(feats: Any, ec_transfer: bool) -> None:
+    """Upstream's rule: an item sent as metadata alone (its ``mm_metadata`` entry without
+    ``kwargs_data``) needs ``ec_transfer_params``, whose connector brings its embeddings."""
+    if ec_transfer or not feats.mm_metadata:
+        return
+    for modality, entries in feats.mm_metadata.items():
+        data = (feats.kwargs_data or {}).get(modality) or [None] * len(entries)
+        if any(m is not None and d is None for m, d in zip(entries, data, strict=True)):
+            raise InvalidItem(
+                "metadata-only multimodal items require ec_transfer_params",
+                param=f"features.mm_metadata.{modality}",
+            )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal nested tensors: dtype, shape and values."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(np.array_equal(a, b))
+        )
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)

@@ -16,6 +16,7 @@ from tandem_http import (
     AdmissionGate,
     BodyDeadline,
     PartsResponse,
+    add_server_info_routes,
     admitted,
     held_bytes_budget,
     keep_freed_memory,
@@ -63,8 +64,10 @@ PATHS = {
     "messages": MESSAGES_PATH,
     "chat_derender": CHAT_DERENDER_PATH,
     "completion_derender": COMPLETION_DERENDER_PATH,
+    "tokenize": "/tokenize",
+    "detokenize": "/detokenize",
 }
-"""Every route `vllm launch render` serves, by kind, at upstream's paths."""
+"""Every route `vllm launch render` serves with a body, by kind, at upstream's paths."""
 
 
 def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> FastAPI:
@@ -154,12 +157,30 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         derender_route(kind)
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         return models_response(settings.names(), request.app.state.service.renderer.max_model_len)
+
+    add_server_info_routes(app, gate, health, lambda r: r.app.state.service.renderer.vllm_version)
+
+    # `vllm launch render`'s tokenizer routes: upstream's JSON answers.
+    @app.post(PATHS["tokenize"])
+    @admitted(gate)
+    async def tokenize(request: Request) -> Response:
+        body = await read_body(request, settings.max_body_bytes)
+        in_fmt, _ = negotiate(request)
+        service = request.app.state.service
+        return JSONResponse(await service.tokenize(body, in_fmt, slot_of(request)))
+
+    @app.post(PATHS["detokenize"])
+    @admitted(gate)
+    async def detokenize(request: Request) -> Response:
+        body = await read_body(request, settings.max_body_bytes)
+        in_fmt, _ = negotiate(request)
+        return JSONResponse(await request.app.state.service.detokenize(body, in_fmt))
 
     @app.get("/metrics")
     async def metrics_route() -> Response:

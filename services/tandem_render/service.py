@@ -86,6 +86,19 @@ class Renderer(Protocol):
 
     async def derender_completion(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
+    async def tokenize(
+        self,
+        body: dict[str, Any],
+        media: Mapping[str, bytes],
+        decoded: Any = None,
+        *,
+        embeds: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Upstream's ``/tokenize`` answer (JSON-ready)."""
+        ...
+
+    async def detokenize(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
     def load_image(self, data: bytes, decoded: Any) -> Any: ...
 
     def check_video_bytes(self, data: bytes) -> int:
@@ -227,13 +240,30 @@ class RenderService:
             self._remember(key, result, body, prepared.media)
             return result
 
+    async def tokenize(
+        self, raw: bytes, fmt: WireFormat, slot: Slot | None = None
+    ) -> dict[str, Any]:
+        """``/tokenize``: a prompt, or chat messages whose media are screened and fetched as
+        the chat route's are."""
+        with self._account("tokenize"):
+            body = _object(decode_document(raw, Any, fmt))
+            if "messages" not in body:
+                return await self.renderer.tokenize(body, {})
+            prepared = prepare_chat(body, self.limits)
+            media = await self._load_all(prepared.media, body, [prepared.media], slot)
+            return await self.renderer.tokenize(
+                prepared.body, media, self.decoded, embeds=prepared.embed_tensors()
+            )
+
+    async def detokenize(self, raw: bytes, fmt: WireFormat) -> dict[str, Any]:
+        with self._account("detokenize"):
+            return await self.renderer.detokenize(_object(decode_document(raw, Any, fmt)))
+
     async def derender(self, route: str, raw: bytes, fmt: WireFormat) -> dict[str, Any]:
         """A generate answer, or one streamed chunk, as upstream's chat (``route`` "chat") or
         completion derender answers it."""
         with self._account(f"{route}_derender"):
-            body = decode_document(raw, Any, fmt)
-            if not isinstance(body, dict):
-                raise BadRequest("the request body must be a JSON object")
+            body = _object(decode_document(raw, Any, fmt))
             if route == "chat":
                 return await self.renderer.derender_chat(body)
             return await self.renderer.derender_completion(body)
@@ -371,3 +401,9 @@ class _Accounting:
         outcome = "ok" if exc_type is None else "error"
         self.metrics.requests.labels(self.route, outcome).inc()
         self.metrics.latency.labels(self.route).observe(time.perf_counter() - self.start)
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body

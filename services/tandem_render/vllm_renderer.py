@@ -34,12 +34,19 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     MultiModalFeatures as UpstreamFeatures,
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.tokenize.protocol import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from vllm.entrypoints.serve.tokenize.serving import ServingTokenization
 from vllm.exceptions import VLLMClientError
 from vllm.model_executor.models.qwen2_vl import Qwen2VLProcessingInfo
 from vllm.multimodal.media import ImageMediaIO, VideoMediaIO
 from vllm.renderers import renderer_from_config
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.utils.async_utils import make_async
+from vllm.version import __version__ as VLLM_VERSION  # type: ignore[attr-defined]
 
 from tandem_http import BadRequest, ModelNotFound, PromptTooLong, TokenOutOfVocabulary
 from tandem_http.openapi import REF_TEMPLATE, BodySchemas
@@ -163,6 +170,16 @@ class EngineRenderer:
         registry = model_registry(model_config, names, settings.model)
         self.serving = _CapturingServingRender(registry, self.online)
         self.derender = serving_derender(registry, shared)
+        # `vllm launch render`'s /tokenize and /detokenize, over the same renderer.
+        self.tokenization = ServingTokenization(
+            registry,
+            self.online,
+            chat_template=shared["chat_template"],
+            chat_template_content_format=shared["chat_template_content_format"],
+            default_chat_template_kwargs=shared["default_chat_template_kwargs"],
+            trust_request_chat_template=shared["trust_request_chat_template"],
+        )
+        self.vllm_version: str = VLLM_VERSION
         self.model_config = model_config
         self.max_model_len: int = model_config.max_model_len
         self.vocab_size: int = len(self.online.renderer.get_tokenizer())
@@ -297,6 +314,33 @@ class EngineRenderer:
         result = await _in_call(call, self.serving.render_messages_request(request))
         return self._to_wire(result, call.captured[0], encode)
 
+    async def tokenize(
+        self,
+        body: dict[str, Any],
+        media: Mapping[str, bytes],
+        decoded: DecodedCache | None = None,
+        *,
+        embeds: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, Any]:
+        """``/tokenize`` as ``vllm serve`` answers it: a prompt, or chat messages (their media
+        already tokens naming ``media``) rendered as the chat route renders them."""
+        if "messages" in body:
+            request = _validate(TokenizeChatRequest, body)
+            call = self._conversation_call(media, decoded, embeds)
+        else:
+            request = _validate(TokenizeCompletionRequest, body)
+            call = RenderCall()
+        answer = await _in_call(call, self.tokenization.create_tokenize(request, _NO_REQUEST))
+        return dict(answer.model_dump())
+
+    async def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/detokenize`` as ``vllm serve`` answers it, every id checked first (upstream
+        answers an id past the vocabulary with a 500)."""
+        request = _validate(DetokenizeRequest, body)
+        self._check_ids_in("tokens", request.tokens)
+        answer = await _call(self.tokenization.create_detokenize(request, _NO_REQUEST))
+        return dict(answer.model_dump())
+
     async def derender_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """A generate answer (whole, or one streamed chunk with its ``stream_state``) as a
         chat completion, through upstream's ``ServingDerender``: upstream's answer as JSON."""
@@ -328,13 +372,16 @@ class EngineRenderer:
         """Every token id the caller hands to the tokenizer is in its vocabulary: upstream
         decodes them unchecked (an id past the end is an IndexError there, a 500)."""
         for where, ids in _derender_token_ids(request):
-            for t in ids:
-                if not 0 <= t < self.vocab_size:
-                    raise TokenOutOfVocabulary(
-                        f"{where}: token id {t} is outside the vocabulary (size {self.vocab_size})"[
-                            :300
-                        ]
-                    )
+            self._check_ids_in(where, ids)
+
+    def _check_ids_in(self, where: str, ids: Sequence[int]) -> None:
+        for t in ids:
+            if not 0 <= t < self.vocab_size:
+                raise TokenOutOfVocabulary(
+                    f"{where}: token id {t} is outside the vocabulary (size {self.vocab_size})"[
+                        :300
+                    ]
+                )
 
     def _metadata_fields(self, modality: str) -> Collection[str]:
         return self.serving._placeholder_metadata_fields(modality)
@@ -353,6 +400,11 @@ class EngineRenderer:
             # The name the engine will key the item by (see tandem_wire.content_ids).
             features = named_by_content(features, req.cache_salt or "")
         return generate_request_to_wire(req, features)
+
+
+_NO_REQUEST: Any = None
+"""The HTTP request vLLM's tokenization handlers take: they read only its ``X-Request-Id``
+(for their log lines), and take None for a random id."""
 
 
 async def _derender_call(awaitable: Any) -> Any:
@@ -541,6 +593,8 @@ BODY_MODELS: dict[str, Any] = {
     "messages": AnthropicMessagesRequest,
     "chat_derender": DerenderChatRequest | DerenderChatStreamRequest,
     "completion_derender": DerenderCompletionRequest | DerenderCompletionStreamRequest,
+    "tokenize": TokenizeCompletionRequest | TokenizeChatRequest,
+    "detokenize": DetokenizeRequest,
 }
 """The body each render route takes, by route kind: vLLM's own request models."""
 

@@ -54,7 +54,7 @@ from .metrics import (
 )
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
 from .server import run_server, usable_cores
-from .service_app import models_response, service_app
+from .service_app import add_server_info_routes, models_response, service_app
 from .settings_json import (
     serve_settings,
     settings_from_cli,
@@ -110,6 +110,7 @@ __all__ = [
     "memory_limit",
     "metrics_registry",
     "metrics_response",
+    "add_server_info_routes",
     "models_response",
     "negotiate",
     "prepare_multiprocess_dir",

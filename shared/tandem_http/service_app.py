@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from .admission import AdmissionGate
 from .auth import ApiKeyMiddleware
 from .body import AcceptEncodingMiddleware, BodyDeadline, BodyDeadlineMiddleware
 from .errors import install_error_handlers
 from .memory import startup_objects_frozen
 from .request_id import RequestIdMiddleware
 
-__all__ = ["models_response", "service_app"]
+__all__ = ["add_server_info_routes", "models_response", "service_app"]
 
 
 def service_app(
@@ -47,7 +48,7 @@ def service_app(
         ApiKeyMiddleware,
         api_key=api_key,
         admin_key=admin_key,
-        open_paths=("/health",),
+        open_paths=("/health", "/ping"),
         proxy_key=proxy_key,
     )
     app.add_middleware(RequestIdMiddleware)
@@ -66,3 +67,25 @@ def models_response(names: Iterable[str], max_model_len: int | None) -> JSONResp
         for n in names
     ]
     return JSONResponse({"object": "list", "data": data})
+
+
+def add_server_info_routes(
+    app: FastAPI,
+    gate: AdmissionGate,
+    health: Callable[[Request], Awaitable[Response]],
+    vllm_version: Callable[[Request], str],
+) -> None:
+    """``vllm serve``'s ``GET /version`` (the vLLM this service runs), ``GET /load`` (the
+    requests this process holds now; ``vllm serve`` counts its own only with
+    ``--enable-server-load-tracking`` and says 0 otherwise) and ``GET``/``POST /ping``
+    (SageMaker's name for ``health``, open like it)."""
+
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": vllm_version(request)})
+
+    async def load(request: Request) -> Response:
+        return JSONResponse({"server_load": gate.current})
+
+    app.add_api_route("/version", version, methods=["GET"])
+    app.add_api_route("/load", load, methods=["GET"])
+    app.add_api_route("/ping", health, methods=["GET", "POST"])

@@ -213,7 +213,9 @@ def test_null_entries_for_items_the_node_holds(pair):
     req = decode_generate_request(raw, fmt)
     feats = req.features
     nulls = {m: [None] * len(v) for m, v in (feats.kwargs_data or {}).items()}
-    held = msgspec.structs.replace(req, features=msgspec.structs.replace(feats, kwargs_data=nulls))
+    # As tandem_client sends them: the metadata goes with the data it describes.
+    held_feats = msgspec.structs.replace(feats, kwargs_data=nulls, mm_metadata=None)
+    held = msgspec.structs.replace(req, features=held_feats)
     generated(pair, encode_generate_request(held, fmt), fmt)
     assert_events_name_renders_items(pair, req)
 
@@ -226,3 +228,11 @@ def test_no_event_names_an_item_render_did_not(pair):
         if isinstance(key, list)
     }
     assert named and named <= pair.names
+
+
+def test_the_node_says_where_it_publishes(pair):
+    r = httpx.get(f"{pair.generate}/kv_event_sources", timeout=30)
+    assert r.status_code == 200, r.text
+    (source,) = r.json().values()
+    assert source["enable_kv_cache_events"] is True and source["publisher"] == "zmq"
+    assert (source["endpoint"], source["topic"]) == (pair.events.endpoint, TOPIC)

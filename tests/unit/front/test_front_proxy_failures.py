@@ -194,6 +194,8 @@ def _event(doc: dict) -> bytes:
 class Texts:
     """The answer side of the OpenAI routes, standing in for vLLM's."""
 
+    vllm_version = "0.0.0-texts"
+
     def plan(self, body: dict, chat: bool, *, weight_versions: bool = False) -> _Plan:
         return _Plan(body, chat)
 
@@ -493,9 +495,15 @@ async def test_a_multi_prompt_stream_runs_its_prompts_at_once():
 # -- admission on every POST route -----------------------------------------------------------
 
 
+HEALTH_PROBES = {"/ping"}
+"""POST routes that are health probes (SageMaker's ``/ping``): answered like ``/health``, never
+refused for load, or a full door would be restarted by its orchestrator."""
+
+
 def _post_paths() -> list[str]:
     app = create_app(settings(), Texts(), fleet())
-    return sorted(r.path for r in app.routes if "POST" in (getattr(r, "methods", None) or ()))
+    posts = {r.path for r in app.routes if "POST" in (getattr(r, "methods", None) or ())}
+    return sorted(posts - HEALTH_PROBES)
 
 
 @pytest.mark.parametrize("path", _post_paths())

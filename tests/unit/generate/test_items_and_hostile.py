@@ -523,3 +523,33 @@ async def test_held_items_are_scoped_by_the_doors_tenant(qwen2_engine, qwen2_ren
         await post(c, without_data(req), expect=409)
         c.headers.update({"authorization": "Bearer door", TENANT_HEADER: "tenant-a"})
         assert len(tokens(await post(c, without_data(req)))) == 8
+
+
+def with_metadata(
+    req: GenerateRequest, metadata: list, kwargs: list | None = None
+) -> GenerateRequest:
+    feats = req.features
+    data = feats.kwargs_data if kwargs is None else {"image": kwargs}
+    changed = msgspec.structs.replace(feats, kwargs_data=data, mm_metadata={"image": metadata})
+    return msgspec.structs.replace(req, features=changed)
+
+
+async def test_mm_metadata_must_describe_its_item(app, qwen2_renderer, qwen2_dir):
+    req = await render(qwen2_renderer, qwen2_dir, [41], **GREEDY)
+    (meta,) = req.features.mm_metadata["image"]
+    fields = decode_item(meta)
+    assert "image_grid_thw" in fields  # render sends the grid as the item's metadata
+    grid = fields["image_grid_thw"]
+    wrong_grid = {**fields, "image_grid_thw": FieldElem(grid.data * 2, grid.layout)}
+    unknown = {**fields, "not_a_field": FieldElem(np.zeros(3, np.int64), BatchedLayout())}
+    async with app_client(app) as c:
+        good = tokens(await post(c, req))  # render's own metadata agrees with its items
+        for bad in (wrong_grid, unknown):
+            err = await post(c, with_metadata(req, [encode_item(bad)]), expect=400)
+            assert err["error"]["type"] == "invalid_mm_item"
+            assert err["error"]["param"] == "features.mm_metadata.image[0]"
+        # Metadata alone stands for an item only with encoder-cache transfer (upstream's rule).
+        err = await post(c, with_metadata(req, [meta], kwargs=[None]), expect=400)
+        assert err["error"]["param"] == "features.mm_metadata.image"
+        assert "ec_transfer_params" in err["error"]["message"]
+        assert tokens(await post(c, req)) == good

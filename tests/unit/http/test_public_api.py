@@ -61,6 +61,7 @@ def test_public_api_is_pinned() -> None:
             "mark_process_dead",
             "metrics_registry",
             "metrics_response",
+            "add_server_info_routes",
             "models_response",
             "negotiate",
             "prepare_multiprocess_dir",
