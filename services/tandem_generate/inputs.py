@@ -27,6 +27,7 @@ from tandem_wire import (
     GenerateRequest,
     ItemBytes,
     KwargsItem,
+    MultiModalFeatures,
     PlaceholderRange,
     content_id,
     decode_item,
@@ -252,9 +253,9 @@ class InputBuilder:
         equal in data and layout (a grid that disagrees with the pixels is refused, not
         silently dropped)."""
         entries = (metadata or {}).get(modality)
-        for i, (entry, item) in enumerate(
-            zip(entries or [], stored if entries else [], strict=True)
-        ):
+        if not entries:
+            return
+        for i, (entry, item) in enumerate(zip(entries, stored, strict=True)):
             if entry is None:
                 continue
             where = f"features.mm_metadata.{modality}[{i}]"
@@ -397,7 +398,7 @@ def _check_merge(grid: np.ndarray, spec: ModalitySpec, modality: str) -> None:
         )
 
 
-def _refuse_metadata_only(feats: Any, ec_transfer: bool) -> None:
+def _refuse_metadata_only(feats: MultiModalFeatures[Any], ec_transfer: bool) -> None:
     """Upstream's rule: an item sent as metadata alone (its ``mm_metadata`` entry without
     ``kwargs_data``) needs ``ec_transfer_params``, whose connector brings its embeddings."""
     if ec_transfer or not feats.mm_metadata:
