@@ -39,7 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -790,6 +790,24 @@ def plot(report: Report, rss_series: dict[str, list[tuple[float, float]]], path:
     plt.close(fig)
 
 
+class ServerExited(RuntimeError):
+    """A service's process ended during the soak (its log tail in the message)."""
+
+
+async def until_one_exits(servers: dict[str, ServerProcess], work: Awaitable[None]) -> None:
+    """``work``, stopped with ``ServerExited`` as soon as any server's process ends: the load
+    would otherwise wait on its retries and timeouts for many minutes, and hide the cause."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        gone = [s for s in servers.values() if s.proc.poll() is not None]
+        if gone:
+            task.cancel()
+            s = gone[0]
+            raise ServerExited(f"{s.name} exited ({s.proc.returncode}):\n{s.log_text()}")
+        await asyncio.wait({task}, timeout=1.0)
+    task.result()
+
+
 async def soak(
     cfg: SoakConfig,
     model: str,
@@ -820,7 +838,7 @@ async def soak(
                 pass
 
     sampler = asyncio.create_task(sample_rss())
-    await load.run(t0, t0 + cfg.seconds)
+    await until_one_exits(servers, load.run(t0, t0 + cfg.seconds))
     stop.set()
     await sampler
     after = count_200s(servers)

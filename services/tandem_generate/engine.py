@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from fastapi.encoders import jsonable_encoder
-from vllm.config import SchedulerConfig
+from vllm.config import SchedulerConfig, VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.serve.utils.fingerprint import get_system_fingerprint
 from vllm.exceptions import VLLMClientError
@@ -41,6 +41,7 @@ from tandem_wire import PlaceholderRange
 from .errors import EngineNotReady
 from .model_spec import ModalitySpec, ModelSpec, grid_cells, modality_spec
 from .vllm_plugin import PLUGIN_NAME
+from .vllm_scheduler import whole_items_scheduler
 from .weight_files import BACKEND
 
 __all__ = ["Engine"]
@@ -59,8 +60,12 @@ class Engine:
         check_upstream_names(["generate"])  # a vLLM upgrade fails here, not mid-request
         check_weight_backend_installed(engine_args)
         args, stat_loggers = prometheus_stats_only(seed_safe_engine_args(engine_args))
-        self.llm = AsyncLLM.from_engine_args(
-            args, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers
+        self.llm = AsyncLLM.from_vllm_config(
+            resumable_config(args.create_engine_config(UsageContext.OPENAI_API_SERVER)),
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=stat_loggers,
+            enable_log_requests=args.enable_log_requests,
+            disable_log_stats=args.disable_log_stats,
         )
         self.vllm_config = self.llm.vllm_config
         # As vllm serve's OpenAI routes answer it (the door passes it on).
@@ -215,6 +220,24 @@ def prometheus_stats_only(
     args = copy.copy(engine_args)
     args.disable_log_stats = True  # no default loggers; the one given keeps stats on
     return args, [PrometheusStatLogger]
+
+
+def resumable_config(config: VllmConfig) -> VllmConfig:
+    """The engine core's scheduler sends every new request's items whole
+    (``tandem_generate.vllm_scheduler``): with vLLM's own, a multimodal request preempted
+    after a prefix-cache hit kills the engine when it resumes. An operator's own
+    ``--scheduler-cls`` is kept, and that risk logged."""
+    sched = config.scheduler_config
+    if sched.scheduler_cls is None:
+        sched.scheduler_cls = whole_items_scheduler(bool(sched.async_scheduling))
+    elif config.model_config.is_multimodal_model:
+        log.warning(
+            "--scheduler-cls %s: a multimodal request preempted after a prefix-cache hit "
+            "(a weight update, or KV pressure) may stop vLLM's engine when it resumes; "
+            "tandem_generate.vllm_scheduler shows the fix",
+            sched.scheduler_cls,
+        )
+    return config
 
 
 def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:

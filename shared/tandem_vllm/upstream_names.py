@@ -192,6 +192,25 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         "generate",
         "tandem_vllm.item_rules.WhisperFeatures: embedding tokens of a Qwen2-Audio item",
     ),
+    # Generate: the engine core's scheduler sends new requests' items whole (vllm_scheduler).
+    UpstreamName(
+        "vllm.v1.core.sched.scheduler:Scheduler.schedule",
+        ("self", "throttle_prefills"),
+        "generate",
+        "overridden by tandem_generate.vllm_scheduler to undo strip_covered_mm_data",
+    ),
+    UpstreamName(
+        "vllm.v1.core.sched.scheduler:Scheduler.requests",
+        None,
+        "generate",
+        "tandem_generate.vllm_scheduler reads each new request's full mm_features there",
+    ),
+    UpstreamName(
+        "vllm.v1.core.sched.output:strip_covered_mm_data",
+        ("mm_features", "num_computed_tokens", "uses_mrope"),
+        "generate",
+        "what tandem_generate.vllm_scheduler undoes; gone upstream, the override may be too",
+    ),
     # Front door: logprob token texts exactly as vLLM's engine writes them.
     UpstreamName(
         "vllm.v1.engine.logprobs:LogprobsProcessor._verify_tokens",

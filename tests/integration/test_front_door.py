@@ -428,18 +428,24 @@ def test_a_caller_hanging_up_on_a_non_streamed_chat_aborts_the_engine_request(fl
         "temperature": 0.0,
     }
 
-    async def hang_up() -> tuple[bool, bool]:
+    async def hang_up() -> tuple[str, bool]:
         async with httpx.AsyncClient(timeout=120) as client:
             call = asyncio.create_task(client.post(f"{url}/v1/chat/completions", json=body))
-            started = await until(lambda: running() == 1, 30)
+            started = await until(lambda: call.done() or running() >= 1, 30)
+            if call.done():  # answered before it could be seen running: say what it was
+                answer = call.result()
+                return f"answered {answer.status_code}: {answer.text[:500]}", False
             call.cancel()  # the caller hangs up: httpx closes its connection to the door
             await asyncio.gather(call, return_exceptions=True)
-        return started, await until(lambda: running() == 0, 60)
+        return "running" if started else "never seen running", await until(
+            lambda: running() == 0, 60
+        )
 
     assert wait_idle(running)  # earlier tests' requests are done
     before = engines("vllm:generation_tokens_total")
     started, stopped = asyncio.run(hang_up())
-    assert started and stopped
+    assert started == "running"
+    assert stopped
     # The engine stopped the request early rather than finishing it (as it did before).
     produced = engines("vllm:generation_tokens_total") - before
     assert 0 < produced < max_tokens, produced

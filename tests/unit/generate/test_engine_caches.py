@@ -33,3 +33,21 @@ def test_onednn_kernel_cache_is_bounded_unless_the_operator_set_it(monkeypatch):
 
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNEL_CACHE)
     assert os.environ["DNNL_PRIMITIVE_CACHE_CAPACITY"] == "7"
+
+
+def test_the_engine_core_sends_new_requests_items_whole_unless_the_operator_chose(qwen2_dir):
+    """The scheduler that keeps a resumed multimodal request's pixels (the behaviour:
+    test_weight_updates' preempted-after-a-prefix-hit test); an operator's own stays."""
+    from tandem_generate.engine import resumable_config
+    from tandem_generate.vllm_scheduler import WholeItemsAsyncScheduler, WholeItemsScheduler
+
+    _, engine_args = parse_args(["--model", qwen2_dir])
+    sched = resumable_config(engine_args.create_engine_config()).scheduler_config
+    expected = WholeItemsAsyncScheduler if sched.async_scheduling else WholeItemsScheduler
+    assert sched.get_scheduler_cls() is expected
+
+    own = "vllm.v1.core.sched.scheduler.Scheduler"
+    _, engine_args = parse_args(["--model", qwen2_dir, "--scheduler-cls", own])
+    assert (
+        resumable_config(engine_args.create_engine_config()).scheduler_config.scheduler_cls == own
+    )

@@ -7,15 +7,17 @@ that changes the shared engine's weights pushes the original checkpoint back (``
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from ...support.asgi import app_client
-from .helpers import GREEDY, client_stack, generate_app, post, render, tokens
+from .helpers import GREEDY, client_stack, generate_app, post, render, tokens, with_sampling
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
 
@@ -314,7 +316,6 @@ async def test_an_update_while_requests_run_leaves_no_old_kv_to_reuse(
     """vLLM refuses a plain prefix-cache reset while a request holds KV blocks; the update
     must still end with no KV of the old weights reusable (the engine's own count of cached
     prompt tokens), and the running request completes."""
-    import asyncio
 
     from tandem_wire import GenerateRequest
 
@@ -334,6 +335,39 @@ async def test_an_update_while_requests_run_leaves_no_old_kv_to_reuse(
         await push(c, same.name, "same-weights")
         assert not running.done()  # the update happened while the request ran
         assert await cached_tokens(qwen2_engine, prompt) == 0
+        answer = await running
+    assert len(tokens(answer)) == 2000
+    assert answer["choices"][0]["weight_versions"][-1]["version"] == "same-weights"
+
+
+async def scheduled(engine, running) -> Any:
+    """The engine's state of the one request in flight, once its prefill has run."""
+    while not running.done():
+        states = list(engine.llm.output_processor.request_states.values())
+        if states and not states[0].is_prefilling:
+            return states[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the request ended before it was seen running: {running.result()}")
+
+
+async def test_a_request_preempted_after_a_prefix_hit_over_its_images_encodes_them_again(
+    app, qwen2_engine, qwen2_renderer, qwen2_dir, weight_dir
+):
+    """vLLM hands its workers a request whose prefix-cache hit covers an image without that
+    image's tensors. The update preempts it and resets both caches: it resumes with no prefix
+    and no encoder output to reuse, so the image is encoded again, for it (with vLLM 0.32's
+    own scheduler the worker holds no pixels then, and the engine core dies)."""
+    warm = await render(qwen2_renderer, qwen2_dir, [61, 62, 63], temperature=0.0, max_tokens=1)
+    long = with_sampling(warm, max_tokens=2000, ignore_eos=True)
+    first = warm.features.mm_placeholders["image"][0]
+    same = save(checkpoint(qwen2_dir), weight_dir / "same.safetensors")
+    async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
+        await post(c, warm)  # its KV blocks, over the first image too, stay in the cache
+        running = asyncio.create_task(post(c, long))
+        state = await scheduled(qwen2_engine, running)
+        assert state.num_cached_tokens >= first.offset + first.length  # the hit covers it
+        await push(c, same.name, "same-weights")
+        assert not running.done()  # preempted by the update, not finished before it
         answer = await running
     assert len(tokens(answer)) == 2000
     assert answer["choices"][0]["weight_versions"][-1]["version"] == "same-weights"
