@@ -181,6 +181,18 @@ def create_app(
         body = await read_body(request, settings.render_max_body_bytes)
         return await unless_gone(request, openai(request).completions(body, request))
 
+    @app.post("/v1/messages")
+    @admitted(gate)
+    async def messages(request: Request) -> Response:
+        body = await read_body(request, settings.render_max_body_bytes)
+        return await unless_gone(request, openai(request).messages(body, request))
+
+    @app.post("/v1/messages/count_tokens")
+    @admitted(gate)
+    async def count_tokens(request: Request) -> Response:
+        body = await read_body(request, settings.render_max_body_bytes)
+        return await unless_gone(request, openai(request).count_tokens(body, request))
+
     @app.get("/health")
     async def health(request: Request) -> Response:
         ups = forwarder(request).upstreams

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,7 +40,6 @@ from tandem_wire import (
 
 from .errors import UpstreamError
 from .proxy import (
-    DONE,
     Forwarder,
     HandedOver,
     Relay,
@@ -52,7 +51,7 @@ from .proxy import (
 from .settings import FrontSettings
 from .upstreams import Node, Upstreams
 
-__all__ = ["Answers", "OpenAIService", "Plan"]
+__all__ = ["Answers", "MessagesPlan", "OpenAIService", "Plan", "RenderProbe", "anthropic_error"]
 
 _MSGPACK = WireFormat.MSGPACK.content_type
 
@@ -61,6 +60,8 @@ class Plan(Protocol):
     """One request's answer side."""
 
     stream: bool
+    stream_end: bytes
+    """What ends its stream after the last event (OpenAI's ``[DONE]``; Messages: nothing)."""
 
     def sampling(self, rendered: dict[str, Any]) -> dict[str, Any]:
         """The generate request's ``sampling_params`` from render's."""
@@ -88,6 +89,10 @@ class Plan(Protocol):
         ...
 
 
+RenderProbe = Callable[[dict[str, Any]], Awaitable[list[int] | None]]
+"""A chat body rendered on a render node: its prompt's token ids, None if render refused it."""
+
+
 class Answers(Protocol):
     """The tokenizer side (``vllm_answers.VllmAnswers``)."""
 
@@ -101,6 +106,24 @@ class Answers(Protocol):
 
     def saw_fingerprint(self, fingerprint: str) -> None:
         """A generate node's engine fingerprint, for the answers' ``system_fingerprint``."""
+        ...
+
+    async def messages_plan(self, body: dict[str, Any], probe: RenderProbe) -> MessagesPlan:
+        """``/v1/messages``: raises BadRequest for a body vLLM's server refuses; ``probe``
+        renders a chat body for the template probes vLLM's Messages serving makes."""
+        ...
+
+    async def count_tokens_body(self, body: dict[str, Any], probe: RenderProbe) -> dict[str, Any]:
+        """``/v1/messages/count_tokens``: the chat body whose rendered prompt is counted."""
+        ...
+
+
+class MessagesPlan(Plan, Protocol):
+    """A Messages request's answer side: a chat request's, written up as Messages."""
+
+    @property
+    def chat_body(self) -> bytes:
+        """The chat request render renders (JSON)."""
         ...
 
 
@@ -165,6 +188,47 @@ class OpenAIService:
             return await self._answer(request, doc, plan, relays, rid, rendered)
         except _PassThrough as refused:
             return refused.response
+
+    async def messages(self, body: bytes, request: Request) -> Response:
+        """``/v1/messages`` as ``vllm serve`` answers it: the chat route's answer, written up by
+        vLLM's Messages serving; refusals in the Messages API's error shape."""
+        plan = await self.answers.messages_plan(_parsed(body, request), self._probe)
+        try:
+            raw = await self._render("/v1/chat/completions/render", plan.chat_body, request)
+            rid = f"chatcmpl-{new_request_id()}"
+            relays = self._relays(raw, [_decoded(decode_generate_request, raw)], plan, [rid], False)
+            rendered, raw = len(raw), b""
+            return await self._answer(
+                request, json.loads(plan.chat_body), plan, relays, rid, rendered
+            )
+        except _PassThrough as refused:
+            return anthropic_error(refused.response)
+
+    async def count_tokens(self, body: bytes, request: Request) -> Response:
+        """``/v1/messages/count_tokens``: the rendered prompt's length, as ``vllm serve``'s."""
+        chat = await self.answers.count_tokens_body(_parsed(body, request), self._probe)
+        try:
+            raw = await self._render("/v1/chat/completions/render", _compact(chat), request)
+        except _PassThrough as refused:
+            return anthropic_error(refused.response)
+        n = len(_decoded(decode_generate_request, raw).token_ids)
+        counted = {"input_tokens": n, "context_management": {"original_input_tokens": n}}
+        return Response(_compact(counted), media_type="application/json")
+
+    async def _probe(self, body: dict[str, Any]) -> list[int] | None:
+        """A template probe rendered on a render node (no caller's request behind it)."""
+        headers = {"content-type": "application/json", "accept": _MSGPACK}
+        node, response = await self.forwarder.open(
+            self.upstreams.render_order(),
+            "POST",
+            "/v1/chat/completions/render",
+            headers,
+            _compact(body),
+        )
+        raw = await self._read(node, response)
+        if response.status_code != 200:
+            return None
+        return list(_decoded(decode_generate_request, raw).token_ids)
 
     async def _answer(
         self,
@@ -341,7 +405,8 @@ class OpenAIService:
         async def events() -> AsyncIterator[bytes]:
             async for chunk in plan.chunks(rid, model, gens, merged(prompts)):
                 yield chunk
-            yield DONE
+            if plan.stream_end:
+                yield plan.stream_end
 
         async def release() -> None:
             for node, response in opened:
@@ -457,3 +522,22 @@ def _passed(response: httpx.Response, raw: bytes) -> Response:
             raise UpstreamError("an upstream answered an unreadable error") from None
     passed = Response(raw, response.status_code, media_type=ctype or "application/json")
     return with_upstream_headers(passed, response)
+
+
+def _compact(document: Any) -> bytes:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def anthropic_error(refused: Response) -> Response:
+    """A refusal in the Messages API's shape, as ``vllm serve``'s Messages routes write an
+    error of its serving code (``{"type": "error", "error": {"type", "message"}}``)."""
+    try:
+        error = json.loads(bytes(refused.body))["error"]
+        shaped = {"type": "error", "error": {"type": error["type"], "message": error["message"]}}
+    except (ValueError, KeyError, TypeError):
+        return refused  # not an error document: passed on as it came
+    answer = Response(_compact(shaped), refused.status_code, media_type="application/json")
+    for name, value in refused.headers.items():
+        if name.lower() not in ("content-length", "content-type"):
+            answer.headers[name] = value
+    return answer

@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
 from pydantic import ValidationError
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.anthropic.protocol import (
+    AnthropicCountTokensRequest,
+    AnthropicMessagesRequest,
+)
+from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
 from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+)
 from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
@@ -31,6 +39,7 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMValidationError
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.renderers.hf import resolve_chat_template
 from vllm.sampling_params import SamplingParams
 from vllm.tokenizers import cached_tokenizer_from_config
 from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
@@ -45,6 +54,7 @@ from tandem_vllm.upstream_names import check_upstream_names
 from tandem_wire import ChoiceLogprobs, GenerateRequest, GenerateResponse, WeightVersionSpan
 
 from .errors import UpstreamError
+from .openai_service import RenderProbe
 from .settings import FrontSettings
 
 __all__ = ["VllmAnswers"]
@@ -65,6 +75,16 @@ _CHAT_OPTIONS = (
     "trust_request_chat_template",
     "enable_auto_tools",
     "exclude_tools_when_tool_choice_none",
+    "tool_parser",
+    "tool_strict_level",
+    "default_chat_template_kwargs",
+)
+# What vLLM's Messages serving takes of them (vllm serve passes the same).
+_MESSAGES_OPTIONS = (
+    "request_logger",
+    "chat_template",
+    "chat_template_content_format",
+    "enable_auto_tools",
     "tool_parser",
     "tool_strict_level",
     "default_chat_template_kwargs",
@@ -91,6 +111,43 @@ class _Engine:
         self.renderer = _TokenizerSide(tokenizer)
         self.input_processor = None
         self.vllm_config = None
+
+
+class _TemplateSide:
+    """What vLLM's Messages serving reads of its renderer at construction: the template."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None, model_config: Any) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.model_config = model_config
+
+
+class _DoorMessages(AnthropicServingMessages):
+    """vLLM's Messages serving, its renderer a render node: the template probes go there."""
+
+    probe: RenderProbe | None = None
+
+    @classmethod
+    def _should_merge_inline_system(cls, online_renderer: Any) -> bool:
+        # As upstream's for an HF renderer: the templates it would apply, with and without
+        # tools (ours has the tokenizer only, no renderer to ask).
+        side: _TemplateSide = online_renderer
+        variants: tuple[list[dict[str, Any]] | None, ...] = (None, [])
+        return any(
+            cls._detect_merge_inline_system(
+                resolve_chat_template(
+                    side.tokenizer, side.chat_template, tools, model_config=side.model_config
+                )
+            )
+            for tools in variants
+        )
+
+    async def _render_probe_prompt(self, effort: Any) -> tuple[list[int] | None, None] | None:
+        if self.probe is None:
+            return None
+        body = {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": effort}
+        ids = await self.probe(body)
+        return None if ids is None else (ids, None)
 
 
 class VllmAnswers:
@@ -130,6 +187,14 @@ class VllmAnswers:
             online_renderer=None,  # type: ignore[arg-type]
             request_logger=None,
         )
+        self.messages_serving = _DoorMessages(
+            engine,  # type: ignore[arg-type]
+            registry,  # type: ignore[arg-type]
+            "assistant",
+            online_renderer=_TemplateSide(self.tokenizer, shared["chat_template"], model_config),  # type: ignore[arg-type]
+            reasoning_parser=shared["reasoning_parser"] or "",
+            **{k: shared[k] for k in _MESSAGES_OPTIONS},
+        )
         # Until a generate node tells its own: none (vLLM's would hash no configuration).
         self.chat_serving.system_fingerprint = None
         self.completion_serving.system_fingerprint = None
@@ -144,6 +209,37 @@ class VllmAnswers:
             num_prompt_logprobs=None,
         )
 
+    async def messages_plan(self, body: dict[str, Any], probe: RenderProbe) -> _MessagesPlan:
+        """``/v1/messages``: the body as vLLM's server validates it (400 if not), turned into
+        the chat request vLLM's Messages serving makes of it (``probe``: how its template
+        probes are rendered)."""
+        request = _validated(AnthropicMessagesRequest, body)
+        chat = await self._as_chat(request, probe)
+        return _MessagesPlan(self, request, _validated(ChatCompletionRequest, chat))
+
+    async def count_tokens_body(self, body: dict[str, Any], probe: RenderProbe) -> dict[str, Any]:
+        """``/v1/messages/count_tokens``: the chat request whose prompt is counted."""
+        return await self._as_chat(_validated(AnthropicCountTokensRequest, body), probe)
+
+    async def _as_chat(
+        self, request: AnthropicMessagesRequest | AnthropicCountTokensRequest, probe: RenderProbe
+    ) -> dict[str, Any]:
+        serving = self.messages_serving
+        effort: Any = "none"
+        if request.thinking is not None and request.thinking.type == "disabled":
+            serving.probe = probe  # asked once; vLLM's serving keeps the answer
+            effort = await serving._get_disabled_thinking_effort()
+        try:
+            chat = serving.to_chat_completion_request(
+                request,
+                merge_inline_system=serving._merge_inline_system,
+                disabled_thinking_effort=effort,
+            )
+        except (ValueError, TypeError, KeyError) as exc:  # vLLM's conversion refused it
+            raise BadRequest(str(exc)[:300]) from None
+        document: dict[str, Any] = chat.model_dump(mode="json", exclude_unset=True)
+        return document
+
     def saw_fingerprint(self, fingerprint: str) -> None:
         # vLLM's serving code writes the fingerprint its engine has; here the engine is the
         # generate node's (one configuration across a fleet: the last one seen is the one).
@@ -155,17 +251,9 @@ class VllmAnswers:
     ) -> _ChatPlan | _CompletionPlan:
         """One request's answer side; the body as vLLM's server validates it (400 if not);
         ``weight_versions``: each choice carries generate's spans."""
-        try:
-            if chat:
-                request = ChatCompletionRequest.model_validate(body)
-                return _ChatPlan(self, request, weight_versions)
-            return _CompletionPlan(self, CompletionRequest.model_validate(body), weight_versions)
-        except ValidationError as exc:
-            raise BadRequest(_first_error(exc)) from None
-        except VLLMValidationError as exc:
-            raise BadRequest(
-                str(exc.args[0] if exc.args else exc)[:300], param=exc.parameter
-            ) from None
+        if chat:
+            return _ChatPlan(self, _validated(ChatCompletionRequest, body), weight_versions)
+        return _CompletionPlan(self, _validated(CompletionRequest, body), weight_versions)
 
     # -- what vLLM's output processor makes of engine token ids ----------------------------
 
@@ -302,6 +390,7 @@ class _Plan:
     """What one request's answer needs besides generate's tokens."""
 
     request: Any
+    stream_end = _DONE.encode()
 
     def __init__(self, side: VllmAnswers, weight_versions: bool) -> None:
         self.side = side
@@ -608,3 +697,72 @@ def _first_error(exc: ValidationError) -> str:
     first = errors[0]
     where = ".".join(str(p) for p in first.get("loc", ()))
     return f"{where}: {first.get('msg')}"[:300] if where else str(first.get("msg"))[:300]
+
+
+class _MessagesPlan:
+    """``/v1/messages``: the chat request vLLM's Messages serving makes of the body, answered
+    as the chat route answers it, then turned into a Messages answer by that serving (whole,
+    or its events: it ends the stream itself, and writes a failure as an ``error`` event)."""
+
+    stream_end = b""
+
+    def __init__(
+        self, side: VllmAnswers, request: AnthropicMessagesRequest, chat: ChatCompletionRequest
+    ) -> None:
+        self.serving = side.messages_serving
+        self.chat = _ChatPlan(side, chat, weight_versions=False)
+        self.stream = self.chat.stream
+        self.request = request
+
+    @property
+    def chat_body(self) -> bytes:
+        """What render is asked to render."""
+        return _json(self.chat.request.model_dump(mode="json", exclude_unset=True))
+
+    def sampling(self, rendered: dict[str, Any]) -> dict[str, Any]:
+        return self.chat.sampling(rendered)
+
+    async def whole(
+        self,
+        rid: str,
+        model: str,
+        gens: list[GenerateRequest[Any]],
+        results: list[GenerateResponse],
+    ) -> bytes:
+        chat = ChatCompletionResponse.model_validate_json(
+            await self.chat.whole(rid, model, gens, results)
+        )
+        return _json(self.serving.messages_full_converter(chat).model_dump(exclude_none=True))
+
+    def chunks(
+        self,
+        rid: str,
+        model: str,
+        gens: list[GenerateRequest[Any]],
+        events: AsyncIterator[tuple[int, dict[str, Any]]],
+    ) -> AsyncIterator[bytes]:
+        return self._converted(self.chat.chunks(rid, model, gens, events))
+
+    async def _converted(self, pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async def chat() -> AsyncGenerator[str, None]:
+            async for piece in pieces:
+                yield piece.decode()
+            yield _DONE
+
+        events = self.serving.message_stream_converter(chat())
+        try:
+            async for event in events:
+                yield event.encode()
+        finally:
+            await events.aclose()
+            await pieces.aclose()  # type: ignore[attr-defined]
+
+
+def _validated(model: Any, body: dict[str, Any]) -> Any:
+    """``body`` as vLLM's server validates it for ``model``; a 400 if it does not."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(_first_error(exc)) from None
+    except VLLMValidationError as exc:
+        raise BadRequest(str(exc.args[0] if exc.args else exc)[:300], param=exc.parameter) from None

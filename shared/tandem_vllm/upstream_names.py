@@ -48,6 +48,7 @@ _BASE_RENDERER = "vllm.renderers.base:BaseRenderer"
 _CONNECTOR = "vllm.multimodal.media:MediaConnector"
 _SERVING_CHAT = "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat"
 _SERVING_COMPLETION = "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion"
+_MESSAGES = "vllm.entrypoints.anthropic.serving:AnthropicServingMessages"
 
 UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
     # Render: the capture of engine inputs (vllm_renderer._CapturingServingRender).
@@ -210,6 +211,37 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         ("mm_features", "num_computed_tokens", "uses_mrope"),
         "generate",
         "what tandem_generate.vllm_scheduler undoes; gone upstream, the override may be too",
+    ),
+    # Front door: the Messages API through vLLM's Messages serving (vllm_answers._DoorMessages).
+    UpstreamName(
+        f"{_MESSAGES}._should_merge_inline_system",
+        ("online_renderer",),
+        "front",
+        "overridden: the templates are resolved from the tokenizer (no renderer in the door)",
+    ),
+    UpstreamName(
+        f"{_MESSAGES}._detect_merge_inline_system",
+        ("chat_template",),
+        "front",
+        "called by the override above",
+    ),
+    UpstreamName(
+        f"{_MESSAGES}._render_probe_prompt",
+        ("self", "effort"),
+        "front",
+        "overridden: the thinking-disabled probes are rendered on a render node",
+    ),
+    UpstreamName(
+        f"{_MESSAGES}._get_disabled_thinking_effort",
+        ("self",),
+        "front",
+        "called for thinking.type=disabled, as create_messages calls it",
+    ),
+    UpstreamName(
+        f"{_MESSAGES}._merge_inline_system",
+        None,
+        "front",
+        "passed to to_chat_completion_request, as create_messages passes it",
     ),
     # Front door: logprob token texts exactly as vLLM's engine writes them.
     UpstreamName(

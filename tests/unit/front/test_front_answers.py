@@ -1,7 +1,9 @@
 """The door's OpenAI answers, written by vLLM's own code (the tiny model's tokenizer) over crafted
 render and generate answers: tool calls and reasoning through the parsers, echo, completions'
-k + 1 logprob candidates, prompt logprobs, stop strings, when a stream's first chunk goes, and
-generate's weight versions on each choice for a caller that asks."""
+k + 1 logprob candidates, prompt logprobs, stop strings, when a stream's first chunk goes,
+generate's weight versions on each choice for a caller that asks, and the Messages API
+(``/v1/messages``, ``/v1/messages/count_tokens``: vLLM's Messages serving turns the body into a
+chat request for render and the chat answer into a Messages answer)."""
 
 from __future__ import annotations
 
@@ -536,3 +538,121 @@ async def test_the_openai_sdk_reads_each_choices_spans(plain):
             if choice.finish_reason is not None
         }
     assert got == {k: answer_versions(k) for k in range(4)}
+
+
+# -- the Messages API: vLLM's Messages serving over the chat answer ---------------------------
+
+MESSAGES = {
+    "max_tokens": 8,
+    "system": "Be brief.",
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+}
+ANTHROPIC_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
+
+
+class Recorded(Pair):
+    """``Pair``, with the bodies render was asked to render."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rendered: list[dict[str, Any]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == "r1":
+            self.rendered.append(json.loads(await request.aread()))
+        return await super().handle_async_request(request)
+
+
+def sse(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """The Messages stream's ``event:``/``data:`` pairs."""
+    out = []
+    for block in raw.decode().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if lines:
+            out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+async def test_a_message_is_answered_in_the_messages_shape(plain, tokenizer):
+    t = Recorded(
+        whole({"index": 0, "token_ids": ended(tokenizer, "hello"), "finish_reason": "stop"})
+    )
+    r = await post(plain, t, "/v1/messages", MESSAGES)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert (answer["type"], answer["role"]) == ("message", "assistant")
+    assert answer["content"] == [{"type": "text", "text": "hello"}]
+    assert answer["stop_reason"] == "end_turn"
+    assert answer["usage"]["input_tokens"] == len(PROMPT)
+    assert answer["usage"]["output_tokens"] == len(ended(tokenizer, "hello"))
+    # Render got the chat request vLLM's Messages serving makes of the body.
+    (chat,) = t.rendered
+    assert chat["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert chat["max_tokens"] == 8
+
+
+async def test_tool_use_is_answered_as_a_tool_use_block(parsed, tokenizer):
+    text = '</think><tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    t = Pair(whole({"index": 0, "token_ids": ended(tokenizer, text), "finish_reason": "stop"}))
+    r = await post(parsed, t, "/v1/messages", {**MESSAGES, "tools": ANTHROPIC_TOOLS})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    (block,) = [b for b in answer["content"] if b["type"] == "tool_use"]
+    assert (block["name"], block["input"]) == ("get_weather", {"city": "Paris"})
+    assert answer["stop_reason"] == "tool_use"
+
+
+async def test_a_streamed_message_is_streamed_as_messages_events(plain, tokenizer):
+    tokens = ended(tokenizer, "hello there")
+    chunks = [[{"index": 0, "token_ids": [x]}] for x in tokens[:-1]]
+    chunks.append([{"index": 0, "token_ids": tokens[-1:], "finish_reason": "stop"}])
+    r = await post(plain, Pair(streamed(*chunks)), "/v1/messages", {**MESSAGES, "stream": True})
+    assert r.status_code == 200, r.text
+    assert b"[DONE]" not in r.content  # OpenAI's end, not the Messages API's
+    sent = sse(r.content)
+    kinds = [k for k, _ in sent]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "content_block_stop" in kinds
+    text = "".join(d["delta"]["text"] for k, d in sent if k == "content_block_delta")
+    assert text == "hello there"
+    (delta,) = [d for k, d in sent if k == "message_delta"]
+    assert delta["delta"]["stop_reason"] == "end_turn"
+
+
+async def test_count_tokens_counts_the_rendered_prompt(plain):
+    t = Recorded(whole())
+    body = {k: v for k, v in MESSAGES.items() if k != "max_tokens"}
+    r = await post(plain, t, "/v1/messages/count_tokens", body)
+    assert r.status_code == 200, r.text
+    n = len(PROMPT)
+    assert r.json() == {"input_tokens": n, "context_management": {"original_input_tokens": n}}
+    assert t.generated == []  # counted, not generated
+    assert t.rendered[0]["messages"][1] == {"role": "user", "content": "hi"}
+
+
+async def test_a_body_vllm_refuses_is_a_typed_400(plain):
+    r = await post(plain, Pair(whole()), "/v1/messages", {"messages": MESSAGES["messages"]})
+    assert r.status_code == 400
+    assert "max_tokens" in r.json()["error"]["message"]
+
+
+async def test_a_render_refusal_is_answered_in_the_messages_error_shape(plain):
+    class Refusing(Pair):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.host == "r1":
+                error = {"message": "no such image", "type": "BadRequestError", "code": 400}
+                return httpx.Response(400, json={"error": error})
+            return await super().handle_async_request(request)
+
+    r = await post(plain, Refusing(whole()), "/v1/messages", MESSAGES)
+    assert r.status_code == 400
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "BadRequestError", "message": "no such image"},
+    }

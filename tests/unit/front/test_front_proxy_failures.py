@@ -160,6 +160,8 @@ class _Plan:
     """A stand-in answer side: each token id as ``<id>``; a chat stream's role goes out with
     the first event."""
 
+    stream_end = b"data: [DONE]\n\n"
+
     def __init__(self, body: dict, chat: bool) -> None:
         self.chat = chat
         self.stream = bool(body.get("stream"))

@@ -1,0 +1,125 @@
+"""The `anthropic` SDK (as released) against the front door and against `vllm serve` on the same
+model: the Messages API's answers, whole and streamed, and its token counts, the same (greedy;
+ids and tool-use ids are each server's own)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from ..support.images import png_bytes
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.engine]
+
+TOOL = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def clients(fleet, front_door) -> list[anthropic.Anthropic]:
+    _, urls = fleet
+    door, _ = front_door
+    return [
+        anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=120)
+        for base in (door, urls["up_serve"])
+    ]
+
+
+def image_block() -> dict[str, Any]:
+    data = base64.b64encode(png_bytes(96, 64, seed=21)).decode()
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+
+def requests(model: str) -> dict[str, dict[str, Any]]:
+    user = {"role": "user", "content": "Name three colours."}
+    return {
+        "text": {"model": model, "max_tokens": 12, "messages": [user]},
+        "system and stop": {
+            "model": model,
+            "max_tokens": 24,
+            "system": "Answer in French.",
+            "stop_sequences": ["e"],
+            "messages": [user],
+        },
+        "image": {
+            "model": model,
+            "max_tokens": 10,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [image_block(), {"type": "text", "text": "What is this?"}],
+                }
+            ],
+        },
+        "tools": {"model": model, "max_tokens": 10, "tools": [TOOL], "messages": [user]},
+    }
+
+
+def comparable(message: Any) -> dict[str, Any]:
+    out: dict[str, Any] = message.model_dump(exclude={"id"})
+    for block in out["content"]:
+        block.pop("id", None)  # a tool use's id is each server's own
+    return out
+
+
+CASES = ["text", "system and stop", "image", "tools"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_message_answers_as_vllm_serve(fleet, front_door, case):
+    model, _ = fleet
+    body = {**requests(model)[case], "temperature": 0.0}
+    ours, theirs = (comparable(c.messages.create(**body)) for c in clients(fleet, front_door))
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("case", ["text", "image"])
+def test_a_streamed_message_answers_as_vllm_serve(fleet, front_door, case):
+    model, _ = fleet
+    body = {**requests(model)[case], "temperature": 0.0}
+    seen = []
+    for client in clients(fleet, front_door):
+        with client.messages.stream(**body) as stream:
+            kinds = [event.type for event in stream]
+            seen.append((kinds, comparable(stream.get_final_message())))
+    assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_count_tokens_answers_as_vllm_serve(fleet, front_door, case):
+    model, _ = fleet
+    body = {k: v for k, v in requests(model)[case].items() if k != "max_tokens"}
+    ours, theirs = (c.messages.count_tokens(**body) for c in clients(fleet, front_door))
+    assert ours.input_tokens == theirs.input_tokens > 0
+
+
+def test_refusals_answer_as_vllm_serve(fleet, front_door):
+    """A body vLLM's server refuses (no max_tokens), and one its serving refuses (a model the
+    server does not serve): the same status and error shape."""
+    model, urls = fleet
+    door, _ = front_door
+    user = [{"role": "user", "content": "Hi"}]
+    refused = (
+        {"model": model, "messages": user},
+        {"model": "x", "max_tokens": 4, "messages": user},
+    )
+    for body in refused:
+        ours, theirs = (
+            httpx.post(f"{base}/v1/messages", json=body, timeout=60)
+            for base in (door, urls["up_serve"])
+        )
+        assert ours.status_code == theirs.status_code, (ours.text, theirs.text)
+        assert shape(ours.json()) == shape(theirs.json()), (ours.text, theirs.text)
+
+
+def shape(document: Any) -> Any:
+    """The keys of a document, nested (messages differ in wording)."""
+    if isinstance(document, dict):
+        return {k: shape(v) for k, v in document.items()}
+    return type(document).__name__
