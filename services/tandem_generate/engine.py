@@ -78,6 +78,8 @@ class Engine:
         self.max_model_len: int = mc.max_model_len
         self.vllm_version: str = VLLM_VERSION
         self.vocab_size: int = mc.get_vocab_size()
+        # Answers in output_mode "text" decode logprob tokens with it (as upstream's generate).
+        self.tokenizer: Any = self.llm.input_processor.tokenizer
         self.max_num_seqs: int = self.vllm_config.scheduler_config.max_num_seqs
         self.max_logprobs: int = mc.max_logprobs
         self.max_tokens_defaults = MaxTokensDefaults.from_model_config(mc)

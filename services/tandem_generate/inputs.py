@@ -401,13 +401,18 @@ def _check_merge(grid: np.ndarray, spec: ModalitySpec, modality: str) -> None:
 def _refuse_metadata_only(feats: MultiModalFeatures[Any], ec_transfer: bool) -> None:
     """Upstream's rule: an item sent as metadata alone (its ``mm_metadata`` entry without
     ``kwargs_data``) needs ``ec_transfer_params``, whose connector brings its embeddings."""
-    if ec_transfer or not feats.mm_metadata:
+    if not feats.mm_metadata:
         return
     for modality, entries in feats.mm_metadata.items():
         data = (feats.kwargs_data or {}).get(modality) or [None] * len(entries)
         if any(m is not None and d is None for m, d in zip(entries, data, strict=True)):
             raise InvalidItem(
-                "metadata-only multimodal items require ec_transfer_params",
+                # With the params: their embeddings would come by encoder-cache transfer,
+                # which this node does not do (the engine would get no pixels at all).
+                "metadata-only multimodal items are not served here (no encoder-cache "
+                "transfer): send their kwargs_data"
+                if ec_transfer
+                else "metadata-only multimodal items require ec_transfer_params",
                 param=f"features.mm_metadata.{modality}",
             )
 

@@ -1,4 +1,5 @@
-"""Engine outputs -> wire responses and stream chunks (token ids and integer-keyed logprobs)."""
+"""Engine outputs -> wire responses and stream chunks: token ids and integer-keyed logprobs, and
+in ``text`` mode the engine's detokenized text and logprobs with decoded tokens."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from tandem_wire import (
     GenerateResponse,
     GenerateStreamChoice,
     GenerateStreamResponse,
+    GenerateTextChoice,
+    GenerateTextResponse,
+    GenerateTextStreamChoice,
+    GenerateTextStreamResponse,
     PromptLogprob,
+    TextLogprob,
+    TextLogprobContent,
+    TextLogprobs,
     TokenLogprob,
     TokenLogprobContent,
     UsageInfo,
@@ -23,6 +31,7 @@ from tandem_wire import (
 __all__ = [
     "clamp",
     "choice_logprobs",
+    "text_logprobs",
     "prompt_logprobs",
     "full_response",
     "stream_choice",
@@ -65,6 +74,50 @@ def choice_logprobs(
     return ChoiceLogprobs(content=content)
 
 
+def text_logprobs(
+    token_ids: Sequence[int],
+    steps: Sequence[Mapping[int, Any] | None],
+    top_n: int,
+    tokenizer: Any,
+) -> TextLogprobs:
+    """``text`` mode's logprobs, as upstream's generate writes them (vLLM's chat shape): per
+    generated token its decoded text, bytes and logprob, and the first ``max(top_n, 1)``
+    candidates in engine order."""
+    content = []
+    for token_id, step in zip(token_ids, steps, strict=False):
+        sampled = None if step is None else step.get(token_id)
+        token = _token_text(token_id, sampled, tokenizer)
+        if step is None or sampled is None:
+            content.append(TextLogprobContent(token=token, bytes=_utf8(token)))
+            continue
+        top = [
+            _text_candidate(t, lp, tokenizer)
+            for i, (t, lp) in enumerate(step.items())
+            if top_n == -1 or i < max(top_n, 1)
+        ]
+        content.append(
+            TextLogprobContent(
+                token=token, logprob=clamp(sampled.logprob), bytes=_utf8(token), top_logprobs=top
+            )
+        )
+    return TextLogprobs(content=content)
+
+
+def _text_candidate(token_id: int, logprob: Any, tokenizer: Any) -> TextLogprob:
+    token = _token_text(token_id, logprob, tokenizer)
+    return TextLogprob(token=token, logprob=clamp(logprob.logprob), bytes=_utf8(token))
+
+
+def _token_text(token_id: int, logprob: Any, tokenizer: Any) -> str:
+    # The engine's own decoding when it made one (split UTF-8 pieces completed), else alone.
+    decoded = None if logprob is None else logprob.decoded_token
+    return str(decoded) if decoded is not None else str(tokenizer.decode([token_id]))
+
+
+def _utf8(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
+
+
 def weight_versions(spans: Sequence[Any] | None) -> list[WeightVersionSpan] | None:
     """vLLM's ``WeightVersionSpan``s of an output (set on its final output only)."""
     if spans is None:
@@ -95,25 +148,31 @@ def full_response(
     top_n: int | None,
     echo_prompt: bool,
     placeholders: Any = None,
+    text: Any = None,
 ) -> GenerateResponse:
-    """The non-streaming answer for a finished ``RequestOutput``."""
-    choices = []
+    """The non-streaming answer for a finished ``RequestOutput``; ``text``: the tokenizer of
+    a ``text``-mode answer (None: ``tokens`` mode)."""
+    choices: list[Any] = []
     generated = 0
     for out in result.outputs:
         ids = list(out.token_ids)
         generated += len(ids)
+        fields = {
+            "index": out.index,
+            "token_ids": ids,
+            "logprobs": _logprobs(ids, out.logprobs, top_n, text),
+            "finish_reason": out.finish_reason or "stop",
+            "stop_reason": out.stop_reason,
+            "weight_versions": weight_versions(getattr(out, "weight_versions", None)),
+        }
         choices.append(
-            GenerateChoice(
-                index=out.index,
-                token_ids=ids,
-                logprobs=None if top_n is None else choice_logprobs(ids, out.logprobs or [], top_n),
-                finish_reason=out.finish_reason or "stop",
-                stop_reason=out.stop_reason,
-                weight_versions=weight_versions(getattr(out, "weight_versions", None)),
-            )
+            GenerateChoice(**fields)
+            if text is None
+            else GenerateTextChoice(text=out.text, **fields)
         )
     n_prompt = len(result.prompt_token_ids or [])
-    return GenerateResponse(
+    answer = GenerateResponse if text is None else GenerateTextResponse
+    return answer(
         request_id=request_id,
         choices=choices,
         model=model,
@@ -128,23 +187,38 @@ def full_response(
     )
 
 
-def stream_choice(out: Any, top_n: int | None) -> GenerateStreamChoice:
-    """The new tokens of one sample in a DELTA ``RequestOutput``."""
+def stream_choice(out: Any, top_n: int | None, text: Any = None) -> GenerateStreamChoice:
+    """The new tokens of one sample in a DELTA ``RequestOutput`` (``text``: as in
+    ``full_response``; the text is the delta since the sample's previous chunk)."""
     ids = list(out.token_ids)
-    return GenerateStreamChoice(
-        index=out.index,
-        token_ids=ids,
-        logprobs=None if top_n is None else choice_logprobs(ids, out.logprobs or [], top_n),
-        finish_reason=out.finish_reason,
-        stop_reason=out.stop_reason,
-        weight_versions=weight_versions(getattr(out, "weight_versions", None)),
-    )
+    fields = {
+        "index": out.index,
+        "token_ids": ids,
+        "logprobs": _logprobs(ids, out.logprobs, top_n, text),
+        "finish_reason": out.finish_reason,
+        "stop_reason": out.stop_reason,
+        "weight_versions": weight_versions(getattr(out, "weight_versions", None)),
+    }
+    if text is None:
+        return GenerateStreamChoice(**fields)
+    return GenerateTextStreamChoice(text=out.text, **fields)
+
+
+def _logprobs(
+    ids: list[int], steps: Any, top_n: int | None, tokenizer: Any
+) -> ChoiceLogprobs | TextLogprobs | None:
+    if top_n is None:
+        return None
+    if tokenizer is None:
+        return choice_logprobs(ids, steps or [], top_n)
+    return text_logprobs(ids, steps or [], top_n, tokenizer)
 
 
 def usage_chunk(
-    request_id: str, prompt_tokens: int, completion_tokens: int
+    request_id: str, prompt_tokens: int, completion_tokens: int, text: bool = False
 ) -> GenerateStreamResponse:
-    return GenerateStreamResponse(
+    answer = GenerateTextStreamResponse if text else GenerateStreamResponse
+    return answer(
         request_id=request_id,
         choices=[],
         usage=UsageInfo(

@@ -62,12 +62,13 @@ class GenerateService:
     ) -> tuple[Any, Any, int | None]:
         if req.model is not None and req.model not in self.settings.served_model_names:
             raise ModelNotFound(f"model {req.model[:80]!r} is not served here", param="model")
-        if req.output_mode != "tokens":
-            raise BadRequest("only output_mode 'tokens' is served here", param="output_mode")
+        if req.output_mode == "text" and req.sampling_params.get("detokenize") is False:
+            raise BadRequest(
+                "output_mode='text' requires sampling_params.detokenize to be true",
+                param="output_mode",
+            )
         if req.content_parts:
             raise BadRequest("content_parts are not accepted: render first", param="content_parts")
-        if req.kv_transfer_params or req.ec_transfer_params:
-            raise BadRequest("kv/ec transfer parameters are not supported by this server")
         if self.engine.errored:
             raise EngineNotReady("the engine has failed; the server must be restarted")
         params = build_sampling_params(
@@ -102,6 +103,20 @@ class GenerateService:
                 f"context of {self.engine.max_model_len}",
                 param="sampling_params.max_tokens",
             )
+        if req.output_mode == "text":
+            params.detokenize = True  # the engine's own text: stop strings cut, pieces whole
+        # Disaggregated serving's parameters reach the engine as upstream's generate passes
+        # them (an engine without a KV/EC connector ignores them, as upstream's does).
+        transfer = {
+            k: v
+            for k, v in (
+                ("kv_transfer_params", req.kv_transfer_params),
+                ("ec_transfer_params", req.ec_transfer_params),
+            )
+            if v is not None
+        }
+        if transfer:
+            params.extra_args = {**(params.extra_args or {}), **transfer}
         check_structured_outputs(self.engine, params)
         # What the items allocate is charged before it is (429/413 when it does not fit), and
         # held with the request until it is answered.
@@ -170,7 +185,12 @@ class GenerateService:
             top_n=top_n,
             echo_prompt=bool(req.return_token_ids),
             placeholders=req.features.mm_placeholders if req.features else None,
+            text=self._text_tokenizer(req),
         )
+
+    def _text_tokenizer(self, req: GenerateRequest[Any]) -> Any:
+        """The tokenizer of a ``text``-mode answer; None in ``tokens`` mode."""
+        return self.engine.tokenizer if req.output_mode == "text" else None
 
     def stream(
         self,
@@ -192,14 +212,15 @@ class GenerateService:
         finished = False
         start = time.perf_counter()
         engine_id = engine_request_id(req)
+        text = self._text_tokenizer(req)
         try:
             async for res in self._start(req, engine_id, params, inputs):
-                choices = [stream_choice(o, top_n) for o in res.outputs]
+                choices = [stream_choice(o, top_n, text) for o in res.outputs]
                 generated += sum(len(c.token_ids or []) for c in choices)
                 chunk: dict[str, Any] = {
                     "request_id": req.request_id,
                     "choices": choices,
-                    "output_mode": "tokens",
+                    "output_mode": req.output_mode,
                 }
                 if first and req.return_token_ids:
                     chunk["prompt_token_ids"] = inputs.token_ids
@@ -210,7 +231,7 @@ class GenerateService:
                 yield _sse(encode_document(chunk, WireFormat.JSON))
                 finished = res.finished
             if options.get("include_usage"):
-                usage = usage_chunk(req.request_id, prompt_tokens, generated)
+                usage = usage_chunk(req.request_id, prompt_tokens, generated, text is not None)
                 yield _sse(encode_document(usage, WireFormat.JSON))
             yield b"data: [DONE]\n\n"
             self.metrics.requests.labels("ok").inc()

@@ -26,6 +26,7 @@ from tandem_wire import (
     ZSTD,
     GenerateRequest,
     GenerateResponse,
+    GenerateTextResponse,
     PayloadTooLarge,
     WireError,
     WireFormat,
@@ -557,7 +558,8 @@ class AsyncTandemClient:
                 continue
             for key in keys:
                 held.add(key)
-            return decode_document(r.content, GenerateResponse, self._answer_format(r))
+            answer = GenerateTextResponse if request.output_mode == "text" else GenerateResponse
+            return decode_document(r.content, answer, self._answer_format(r))
         raise ServerError(
             "items kept going missing", type=error_types.MM_CACHE_MISS, status_code=409
         )

@@ -29,6 +29,13 @@ __all__ = [
     "GenerateResponse",
     "GenerateStreamChoice",
     "GenerateStreamResponse",
+    "TextLogprob",
+    "TextLogprobContent",
+    "TextLogprobs",
+    "GenerateTextChoice",
+    "GenerateTextResponse",
+    "GenerateTextStreamChoice",
+    "GenerateTextStreamResponse",
     "ErrorInfo",
     "ErrorBody",
     "new_request_id",
@@ -148,7 +155,9 @@ class GenerateRequest(Struct, Generic[ItemT]):
     """Echo the prompt token ids and placeholder ranges in the response."""
 
     output_mode: Literal["tokens", "text"] = "tokens"
-    """``tokens``: token ids only (the token-in/token-out contract)."""
+    """``tokens``: token ids only (the token-in/token-out contract); ``text``: the answer
+    (``GenerateTextResponse``) also carries each choice's detokenized text, and its logprobs
+    the decoded tokens (needs ``sampling_params.detokenize``, as upstream)."""
 
 
 class UsageInfo(Struct):
@@ -331,6 +340,74 @@ class GenerateStreamResponse(Struct):
 
     output_mode: Literal["tokens"] = "tokens"
     """Always ``tokens`` here."""
+
+
+class TextLogprob(Struct):
+    """A candidate token as text (vLLM's ``ChatCompletionLogProb``)."""
+
+    token: str
+    """The token decoded as vLLM's engine decodes it."""
+
+    logprob: float = -9999.0
+    """Its log-probability (-inf and NaN as -9999.0)."""
+
+    bytes: list[int] | None = None
+    """The token's UTF-8 bytes."""
+
+
+class TextLogprobContent(TextLogprob):
+    """The sampled token at one position and its top-k candidates, as text."""
+
+    top_logprobs: list[TextLogprob] = []
+    """The top ``logprobs`` candidates in engine order: the sampled token first."""
+
+
+class TextLogprobs(Struct):
+    """Logprobs of one choice in ``text`` mode (vLLM's ``ChatCompletionLogProbs``)."""
+
+    content: list[TextLogprobContent] | None = None
+    """Per generated token."""
+
+
+class GenerateTextChoice(GenerateChoice):
+    """One completed sample in ``text`` mode: a ``GenerateChoice`` and its text."""
+
+    logprobs: TextLogprobs | None = None  # type: ignore[assignment]
+    """Per-token logprobs with decoded tokens, when requested."""
+
+    text: str = ""
+    """The detokenized output (a matched stop string left out unless
+    ``include_stop_str_in_output``); ``token_ids`` keeps every generated token."""
+
+
+class GenerateTextResponse(GenerateResponse):
+    """The non-streaming answer in ``text`` mode."""
+
+    choices: list[GenerateTextChoice]  # type: ignore[assignment]
+    """One per sample."""
+
+    output_mode: Literal["text"] = "text"  # type: ignore[assignment]
+    """Always ``text`` here."""
+
+
+class GenerateTextStreamChoice(GenerateStreamChoice):
+    """New tokens of one sample since the previous chunk, and their text."""
+
+    logprobs: TextLogprobs | None = None  # type: ignore[assignment]
+    """Logprobs of those tokens with decoded tokens, when requested."""
+
+    text: str = ""
+    """The text delta since the previous chunk of this sample."""
+
+
+class GenerateTextStreamResponse(GenerateStreamResponse):
+    """One server-sent event of a streaming generate in ``text`` mode."""
+
+    choices: list[GenerateTextStreamChoice]  # type: ignore[assignment]
+    """Samples with news in this chunk."""
+
+    output_mode: Literal["text"] = "text"  # type: ignore[assignment]
+    """Always ``text`` here."""
 
 
 class ErrorInfo(Struct, omit_defaults=True):

@@ -264,3 +264,42 @@ async def test_answers_carry_the_engine_fingerprint_as_vllm_serve_computes_it(ap
     }
     # vllm-<version>-<first 8 of the engine config's hash>, as vllm serve's default mode.
     assert told == {f"vllm-{__version__}-{qwen2_engine.vllm_config.compute_hash()[:8]}"}
+
+
+async def test_text_mode_answers_the_engines_text_and_decoded_logprobs(
+    app, qwen2_renderer, qwen2_dir
+):
+    """``output_mode: "text"`` (vLLM's main branch): each choice also carries the engine's
+    detokenized text (a stop string cut from it, not from ``token_ids``), logprobs carry the
+    decoded tokens and their bytes; streamed, the text comes as deltas."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
+    req = await render(qwen2_renderer, qwen2_dir, [5], temperature=0.0, max_tokens=12)
+    async with app_client(app) as c:
+        plain = await post(c, req)
+        ids = tokens(plain)
+        as_text = msgspec.structs.replace(with_sampling(req, logprobs=2), output_mode="text")
+        answer = await post(c, as_text)
+        choice = answer["choices"][0]
+        assert answer["output_mode"] == "text"
+        assert choice["token_ids"] == ids  # the same sampling, tokens and all
+        assert choice["text"] == tokenizer.decode(ids, skip_special_tokens=True)
+        content = choice["logprobs"]["content"]
+        assert [e["token"] for e in content] == [tokenizer.decode([t]) for t in ids]
+        assert all(bytes(e["bytes"]).decode() == e["token"] for e in content)
+        assert all(e["top_logprobs"][0]["token"] == e["token"] for e in content)
+
+        # A stop string: the text ends before it, the tokens that made it stay.
+        stop = choice["text"][len(choice["text"]) // 2 :][:3]
+        cut = await post(c, with_sampling(as_text, stop=[stop], logprobs=None))
+        assert cut["choices"][0]["text"] == choice["text"].split(stop)[0]
+
+        streamed = msgspec.structs.replace(as_text, stream=True)
+        async with c.stream(
+            "POST", "/inference/v1/generate", content=msgspec.json.encode(_json_doc(streamed))
+        ) as r:
+            lines = [ln async for ln in r.aiter_lines() if ln.startswith("data: ")]
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert all(ch["output_mode"] == "text" for ch in chunks)
+    assert "".join(c["text"] for ch in chunks for c in ch["choices"]) == choice["text"]

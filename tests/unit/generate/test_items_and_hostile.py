@@ -280,7 +280,14 @@ def _hostile_cases(req):
             "token_out_of_vocabulary",
         ),
         ("unknown model", doc(model="other"), None, 404, "model_not_found"),
-        ("text output mode", doc(output_mode="text"), None, 400, "invalid_request"),
+        ("unknown output mode", doc(output_mode="words"), None, 400, "invalid_request"),
+        (
+            "text output mode without detokenize",
+            doc(output_mode="text", sampling_params={**req.sampling_params, "detokenize": False}),
+            None,
+            400,
+            "invalid_request",
+        ),
         (
             "pickle ext in item",
             feats(kwargs_data={"image": [__import__("base64").b64encode(pickle_item).decode()]}),
@@ -552,4 +559,24 @@ async def test_mm_metadata_must_describe_its_item(app, qwen2_renderer, qwen2_dir
         err = await post(c, with_metadata(req, [meta], kwargs=[None]), expect=400)
         assert err["error"]["param"] == "features.mm_metadata.image"
         assert "ec_transfer_params" in err["error"]["message"]
+        # With them, this node still has no encoder-cache transfer to bring the embeddings.
+        ec = msgspec.structs.replace(
+            with_metadata(req, [meta], kwargs=[None]), ec_transfer_params={"do_remote": True}
+        )
+        err = await post(c, ec, expect=400)
+        assert "kwargs_data" in err["error"]["message"]
         assert tokens(await post(c, req)) == good
+
+
+async def test_transfer_params_reach_an_engine_without_connectors_as_upstreams_do(
+    app, qwen2_renderer, qwen2_dir
+):
+    """``kv_transfer_params`` / ``ec_transfer_params`` go to the engine as upstream's generate
+    passes them; an engine without a KV or EC connector generates as without them."""
+    req = await render(qwen2_renderer, qwen2_dir, [42], **GREEDY)
+    params = {"kv_transfer_params": {"do_remote_prefill": False}, "ec_transfer_params": {}}
+    async with app_client(app) as c:
+        plain = await post(c, req)
+        answer = await post(c, msgspec.structs.replace(req, **params))
+    assert tokens(answer) == tokens(plain)
+    assert answer["kv_transfer_params"] is None  # no connector: nothing to hand on
