@@ -121,10 +121,8 @@ class Answers(Protocol):
 class MessagesPlan(Plan, Protocol):
     """A Messages request's answer side: a chat request's, written up as Messages."""
 
-    @property
-    def chat_body(self) -> bytes:
-        """The chat request render renders (JSON)."""
-        ...
+    chat_body: bytes
+    """The chat request render renders (JSON)."""
 
 
 @dataclass
@@ -165,13 +163,7 @@ class OpenAIService:
         # Checked as vLLM's server checks a body before anything else (a 400 on bad types).
         plan = self.answers.plan(doc, chat=True, weight_versions=_asks_versions(request))
         try:
-            raw = await self._render("/v1/chat/completions/render", body, request)
-            # No name keeps the answer's bytes: its items are views into them, dropped with
-            # them once generate has the request (see ``_slim``).
-            rid = f"chatcmpl-{new_request_id()}"
-            relays = self._relays(raw, [_decoded(decode_generate_request, raw)], plan, [rid], False)
-            rendered, raw = len(raw), b""
-            return await self._answer(request, doc, plan, relays, rid, rendered)
+            return await self._chat(body, self._model(doc), plan, request)
         except _PassThrough as refused:
             return refused.response
 
@@ -185,24 +177,30 @@ class OpenAIService:
             ids = [f"{rid}-{i}" for i in range(len(rendered_list))]
             relays = self._relays(raw, rendered_list, plan, ids, True)
             rendered, raw = len(raw), b""
-            return await self._answer(request, doc, plan, relays, rid, rendered)
+            return await self._answer(request, self._model(doc), plan, relays, rid, rendered)
         except _PassThrough as refused:
             return refused.response
 
     async def messages(self, body: bytes, request: Request) -> Response:
         """``/v1/messages`` as ``vllm serve`` answers it: the chat route's answer, written up by
         vLLM's Messages serving; refusals in the Messages API's error shape."""
-        plan = await self.answers.messages_plan(_parsed(body, request), self._probe)
+        doc = _parsed(body, request)
+        plan = await self.answers.messages_plan(doc, self._probe)
         try:
-            raw = await self._render("/v1/chat/completions/render", plan.chat_body, request)
-            rid = f"chatcmpl-{new_request_id()}"
-            relays = self._relays(raw, [_decoded(decode_generate_request, raw)], plan, [rid], False)
-            rendered, raw = len(raw), b""
-            return await self._answer(
-                request, json.loads(plan.chat_body), plan, relays, rid, rendered
-            )
+            return await self._chat(plan.chat_body, self._model(doc), plan, request)
         except _PassThrough as refused:
             return anthropic_error(refused.response)
+
+    async def _chat(self, body: bytes, model: str, plan: Plan, request: Request) -> Response:
+        """A chat ``body`` rendered, generated and answered by ``plan`` (render's refusals
+        raised as ``_PassThrough``)."""
+        raw = await self._render("/v1/chat/completions/render", body, request)
+        # No name keeps the answer's bytes: its items are views into them, dropped with
+        # them once generate has the request (see ``_slim``).
+        rid = f"chatcmpl-{new_request_id()}"
+        relays = self._relays(raw, [_decoded(decode_generate_request, raw)], plan, [rid], False)
+        rendered, raw = len(raw), b""
+        return await self._answer(request, model, plan, relays, rid, rendered)
 
     async def count_tokens(self, body: bytes, request: Request) -> Response:
         """``/v1/messages/count_tokens``: the rendered prompt's length, as ``vllm serve``'s."""
@@ -233,7 +231,7 @@ class OpenAIService:
     async def _answer(
         self,
         request: Request,
-        doc: dict[str, Any],
+        model: str,
         plan: Plan,
         relays: list[_Relayed],
         rid: str,
@@ -243,7 +241,6 @@ class OpenAIService:
         then render's answer let go: ``gens`` keep only what the answer is written from (token
         ids, sampling, ids; see ``_slim``), and its ``rendered`` bytes go back to the request's
         admission slot. Then the answer, streamed or whole."""
-        model = self._model(doc)
         opened = await self._open_all(relays, request)
         gens = _slim([r.gen for r in relays])
         relays.clear()

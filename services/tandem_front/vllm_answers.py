@@ -713,11 +713,8 @@ class _MessagesPlan:
         self.chat = _ChatPlan(side, chat, weight_versions=False)
         self.stream = self.chat.stream
         self.request = request
-
-    @property
-    def chat_body(self) -> bytes:
-        """What render is asked to render."""
-        return _json(self.chat.request.model_dump(mode="json", exclude_unset=True))
+        # What render is asked to render (serialized once: it holds the images).
+        self.chat_body = _json(chat.model_dump(mode="json", exclude_unset=True))
 
     def sampling(self, rendered: dict[str, Any]) -> dict[str, Any]:
         return self.chat.sampling(rendered)

@@ -157,14 +157,8 @@ def full_response(
     for out in result.outputs:
         ids = list(out.token_ids)
         generated += len(ids)
-        fields = {
-            "index": out.index,
-            "token_ids": ids,
-            "logprobs": _logprobs(ids, out.logprobs, top_n, text),
-            "finish_reason": out.finish_reason or "stop",
-            "stop_reason": out.stop_reason,
-            "weight_versions": weight_versions(getattr(out, "weight_versions", None)),
-        }
+        fields = _choice_fields(out, ids, top_n, text)
+        fields["finish_reason"] = out.finish_reason or "stop"
         choices.append(
             GenerateChoice(**fields)
             if text is None
@@ -190,28 +184,30 @@ def full_response(
 def stream_choice(out: Any, top_n: int | None, text: Any = None) -> GenerateStreamChoice:
     """The new tokens of one sample in a DELTA ``RequestOutput`` (``text``: as in
     ``full_response``; the text is the delta since the sample's previous chunk)."""
-    ids = list(out.token_ids)
-    fields = {
-        "index": out.index,
-        "token_ids": ids,
-        "logprobs": _logprobs(ids, out.logprobs, top_n, text),
-        "finish_reason": out.finish_reason,
-        "stop_reason": out.stop_reason,
-        "weight_versions": weight_versions(getattr(out, "weight_versions", None)),
-    }
+    fields = _choice_fields(out, list(out.token_ids), top_n, text)
     if text is None:
         return GenerateStreamChoice(**fields)
     return GenerateTextStreamChoice(text=out.text, **fields)
 
 
-def _logprobs(
-    ids: list[int], steps: Any, top_n: int | None, tokenizer: Any
-) -> ChoiceLogprobs | TextLogprobs | None:
-    if top_n is None:
-        return None
-    if tokenizer is None:
-        return choice_logprobs(ids, steps or [], top_n)
-    return text_logprobs(ids, steps or [], top_n, tokenizer)
+def _choice_fields(out: Any, ids: list[int], top_n: int | None, text: Any) -> dict[str, Any]:
+    """What a whole choice and a stream choice take of one sample's output (both modes)."""
+    logprobs: ChoiceLogprobs | TextLogprobs | None = None
+    if top_n is not None:
+        steps = out.logprobs or []
+        logprobs = (
+            choice_logprobs(ids, steps, top_n)
+            if text is None
+            else text_logprobs(ids, steps, top_n, text)
+        )
+    return {
+        "index": out.index,
+        "token_ids": ids,
+        "logprobs": logprobs,
+        "finish_reason": out.finish_reason,
+        "stop_reason": out.stop_reason,
+        "weight_versions": weight_versions(getattr(out, "weight_versions", None)),
+    }
 
 
 def usage_chunk(

@@ -107,14 +107,9 @@ class GenerateService:
             params.detokenize = True  # the engine's own text: stop strings cut, pieces whole
         # Disaggregated serving's parameters reach the engine as upstream's generate passes
         # them (an engine without a KV/EC connector ignores them, as upstream's does).
-        transfer = {
-            k: v
-            for k, v in (
-                ("kv_transfer_params", req.kv_transfer_params),
-                ("ec_transfer_params", req.ec_transfer_params),
-            )
-            if v is not None
-        }
+        transfer = {"kv_transfer_params": req.kv_transfer_params}
+        transfer["ec_transfer_params"] = req.ec_transfer_params
+        transfer = {k: v for k, v in transfer.items() if v is not None}
         if transfer:
             params.extra_args = {**(params.extra_args or {}), **transfer}
         check_structured_outputs(self.engine, params)
