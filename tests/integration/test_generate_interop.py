@@ -183,3 +183,45 @@ def test_structured_outputs_give_upstream_generates_tokens(fleet, constraint):
     request_json = json.dumps(req).encode()
     ours = generated(urls, "generate", request_json)
     assert ours and ours == generated(urls, "up_serve", request_json)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_text_mode_answers_as_upstream_generate(fleet, stream):
+    """``output_mode: "text"`` with logprobs and transfer parameters: the same render output on
+    upstream's generate and ours gives the same text, tokens and logprobs (streams merged per
+    choice: how many tokens one chunk carries follows the machine's load)."""
+    model, urls = fleet
+    body = chat_body(model, [data_url(png_bytes(seed=37))], temperature=0.0, max_tokens=12)
+    request = json.loads(rendered(urls, "up_render", body))
+    request["sampling_params"] = {**request["sampling_params"], "logprobs": 2}
+    request.update(output_mode="text", kv_transfer_params={"do_remote_prefill": False})
+    request["stream"] = stream
+    merged = []
+    for which in ("up_serve", "generate"):
+        r = httpx.post(f"{urls[which]}/inference/v1/generate", json=request, timeout=120)
+        assert r.status_code == 200, r.text[:1500]
+        if stream:
+            events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+            answers = [json.loads(e) for e in events if e != "[DONE]"]
+        else:
+            answers = [r.json()]
+        assert {a.get("output_mode") for a in answers} == {"text"}
+        merged.append(_merged_choices(answers))
+    theirs, ours = merged
+    assert ours[0]["text"] and len(ours[0]["token_ids"]) == 12
+    assert ours == theirs
+
+
+def _merged_choices(answers: list[dict]) -> dict[int, dict]:
+    """Per choice index: its text, token ids and logprob entries joined, its finish reason."""
+    out: dict[int, dict] = {}
+    for answer in answers:
+        for c in answer["choices"]:
+            m = out.setdefault(
+                c["index"], {"text": "", "token_ids": [], "logprobs": [], "finish_reason": None}
+            )
+            m["text"] += c.get("text") or ""
+            m["token_ids"] += c.get("token_ids") or []
+            m["logprobs"] += (c.get("logprobs") or {}).get("content") or []
+            m["finish_reason"] = c.get("finish_reason") or m["finish_reason"]
+    return out
