@@ -187,6 +187,23 @@ def create_app(
         body = await read_body(request, settings.render_max_body_bytes)
         return await unless_gone(request, openai(request).messages(body, request))
 
+    @app.post("/v1/responses")
+    @admitted(gate)
+    async def create_response(request: Request) -> Response:
+        body = await read_body(request, settings.render_max_body_bytes)
+        return await unless_gone(request, openai(request).responses(body, request))
+
+    @app.get("/v1/responses/{response_id}")
+    @admitted(gate)
+    async def retrieve_response(request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        return await openai(request).retrieve_response(response_id, request)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    @admitted(gate)
+    async def cancel_response(request: Request) -> Response:
+        return await openai(request).cancel_response(request.path_params["response_id"])
+
     @app.post("/v1/messages/count_tokens")
     @admitted(gate)
     async def count_tokens(request: Request) -> Response:

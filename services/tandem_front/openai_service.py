@@ -51,7 +51,16 @@ from .proxy import (
 from .settings import FrontSettings
 from .upstreams import Node, Upstreams
 
-__all__ = ["Answers", "MessagesPlan", "OpenAIService", "Plan", "RenderProbe", "anthropic_error"]
+__all__ = [
+    "Answers",
+    "MessagesPlan",
+    "OpenAIService",
+    "Plan",
+    "RenderProbe",
+    "ResponsesHops",
+    "Written",
+    "anthropic_error",
+]
 
 _MSGPACK = WireFormat.MSGPACK.content_type
 
@@ -93,6 +102,33 @@ RenderProbe = Callable[[dict[str, Any]], Awaitable[list[int] | None]]
 """A chat body rendered on a render node: its prompt's token ids, None if render refused it."""
 
 
+class ResponsesHops(Protocol):
+    """One Responses call's render and generate hops, made as the chat route makes them."""
+
+    async def render(self, chat_body: bytes) -> list[int]:
+        """The chat request rendered on a render node (held for the generate hop): its
+        prompt's token ids. A refusal passes to the caller unchanged."""
+        ...
+
+    async def whole(self, request_id: str, sampling: dict[str, Any]) -> GenerateResponse:
+        """The rendered prompt generated with ``sampling``, answered whole."""
+        ...
+
+    def events(self, request_id: str, sampling: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The rendered prompt generated with ``sampling``: generate's stream events."""
+        ...
+
+
+@dataclass
+class Written:
+    """An answer written up by vLLM's serving: a JSON ``document`` with its ``status``, or
+    server-sent ``events``."""
+
+    status: int
+    document: bytes = b""
+    events: AsyncIterator[bytes] | None = None
+
+
 class Answers(Protocol):
     """The tokenizer side (``vllm_answers.VllmAnswers``)."""
 
@@ -115,6 +151,20 @@ class Answers(Protocol):
 
     async def count_tokens_body(self, body: dict[str, Any], probe: RenderProbe) -> dict[str, Any]:
         """``/v1/messages/count_tokens``: the chat body whose rendered prompt is counted."""
+        ...
+
+    async def responses(self, body: dict[str, Any], hops: ResponsesHops) -> Written:
+        """``/v1/responses``: raises BadRequest for a body vLLM's server refuses."""
+        ...
+
+    async def retrieve_response(
+        self, response_id: str, starting_after: int | None, stream: bool
+    ) -> Written:
+        """``GET /v1/responses/{response_id}``."""
+        ...
+
+    async def cancel_response(self, response_id: str) -> Written:
+        """``POST /v1/responses/{response_id}/cancel``."""
         ...
 
 
@@ -201,6 +251,41 @@ class OpenAIService:
         relays = self._relays(raw, [_decoded(decode_generate_request, raw)], plan, [rid], False)
         rendered, raw = len(raw), b""
         return await self._answer(request, model, plan, relays, rid, rendered)
+
+    async def responses(self, body: bytes, request: Request) -> Response:
+        """``/v1/responses`` as ``vllm serve`` answers it: vLLM's Responses serving, its
+        prompt rendered on a render node and generated on a generate node (``_ResponsesTurn``);
+        render's and generate's refusals pass unchanged, as on the chat route."""
+        doc = _parsed(body, request)
+        turn = _ResponsesTurn(self, request, background=doc.get("background") is True)
+        try:
+            written = await self.answers.responses(doc, turn)
+            if written.events is None:
+                return _document(written)
+            # The status line waits until generate took the request, so that its refusal
+            # is an HTTP answer here too (vLLM's first events come before generation).
+            head = await _until(lambda: turn.opened, written.events)
+        except _PassThrough as refused:
+            return refused.response
+        return _event_stream(_chained(head, written.events), request, turn.close)
+
+    async def retrieve_response(self, response_id: str, request: Request) -> Response:
+        """``GET /v1/responses/{response_id}``: a response stored by this door worker."""
+        query = request.query_params
+        after = query.get("starting_after")
+        if after is not None and not after.lstrip("-").isdigit():
+            raise BadRequest("starting_after must be an integer", param="starting_after")
+        stream = _query_flag(query.get("stream"), "stream")
+        written = await self.answers.retrieve_response(
+            response_id, None if after is None else int(after), stream
+        )
+        if written.events is None:
+            return _document(written)
+        return _event_stream(written.events, request, None)
+
+    async def cancel_response(self, response_id: str) -> Response:
+        """``POST /v1/responses/{response_id}/cancel``: a background response of this worker."""
+        return _document(await self.answers.cancel_response(response_id))
 
     async def count_tokens(self, body: bytes, request: Request) -> Response:
         """``/v1/messages/count_tokens``: the rendered prompt's length, as ``vllm serve``'s."""
@@ -304,7 +389,7 @@ class OpenAIService:
         self,
         raw: bytes,
         rendered: list[GenerateRequest[Any]],
-        plan: Plan,
+        plan: Plan | _Sampled,
         request_ids: list[str],
         many: bool,
     ) -> list[_Relayed]:
@@ -466,6 +551,121 @@ async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         if "error" in event:
             raise UpstreamError(f"generate failed mid-stream: {str(event['error'])[:200]}")
         yield event
+
+
+class _Sampled:
+    """A generate request's sampling as given (the Responses serving resolved it itself)."""
+
+    def __init__(self, sampling: dict[str, Any], stream: bool) -> None:
+        self._sampling = sampling
+        self.stream = stream
+
+    def sampling(self, rendered: dict[str, Any]) -> dict[str, Any]:
+        return self._sampling
+
+
+class _ResponsesTurn:
+    """``ResponsesHops`` for one door request: render's answer is held from the render hop
+    to the generate hop (charged to the request's admission bytes until generate has it),
+    and the generate answers it opened are closed however the caller's answer ends (a
+    background response's are not: it runs on after its request)."""
+
+    def __init__(self, service: OpenAIService, request: Request, background: bool) -> None:
+        self.service = service
+        self.request = request
+        self.background = background
+        self.opened = False
+        self._raw = b""
+        self._answers: list[tuple[Node, httpx.Response]] = []
+
+    async def render(self, chat_body: bytes) -> list[int]:
+        path = "/v1/chat/completions/render"
+        self._raw = await self.service._render(path, chat_body, self.request)
+        return list(_decoded(decode_generate_request, self._raw).token_ids)
+
+    async def whole(self, request_id: str, sampling: dict[str, Any]) -> GenerateResponse:
+        node, response = await self._open(request_id, sampling, stream=False)
+        try:
+            return await self.service._result(node, response)
+        finally:
+            await self.service.forwarder.close(node, response)
+
+    async def events(
+        self, request_id: str, sampling: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        node, response = await self._open(request_id, sampling, stream=True)
+        async for _, event in self.service._prompt_events(0, node, response):
+            yield event
+
+    async def close(self) -> None:
+        if not self.background:
+            for node, response in self._answers:
+                await self.service.forwarder.close(node, response)
+
+    async def _open(
+        self, request_id: str, sampling: dict[str, Any], stream: bool
+    ) -> tuple[Node, httpx.Response]:
+        raw, self._raw = self._raw, b""
+        rendered = _decoded(decode_generate_request, raw)
+        plan = _Sampled(sampling, stream)
+        relays = self.service._relays(raw, [rendered], plan, [request_id], False)
+        held, raw = len(raw), b""
+        ((node, response),) = await self.service._open_all(relays, self.request)
+        relays.clear()
+        slot = slot_of(self.request)
+        if slot is not None:
+            slot.give_back(held)
+        self._answers.append((node, response))
+        self.opened = True
+        return node, response
+
+
+async def _until(done: Callable[[], bool], events: AsyncIterator[bytes]) -> list[bytes]:
+    """The first ``events``, read until ``done()`` (or their end); closed if reading fails."""
+    head: list[bytes] = []
+    try:
+        while not done():
+            head.append(await anext(events))
+    except StopAsyncIteration:
+        pass
+    except BaseException:
+        await events.aclose()  # type: ignore[attr-defined]
+        raise
+    return head
+
+
+async def _chained(head: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in head:
+        yield chunk
+    async for chunk in rest:
+        yield chunk
+
+
+def _document(written: Written) -> Response:
+    return Response(written.document, written.status, media_type="application/json")
+
+
+def _event_stream(
+    events: AsyncIterator[bytes], request: Request, release: Callable[[], Awaitable[None]] | None
+) -> Response:
+    tail = sse_with_error_tail(events, request_id_of(request))
+    return Relay(tail, release or _nothing, media_type="text/event-stream")
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _query_flag(value: str | None, name: str) -> bool:
+    """A boolean query parameter as FastAPI reads one (absent: false)."""
+    if value is None:
+        return False
+    lowered = value.lower()
+    if lowered in ("1", "true", "on", "yes", "t", "y"):
+        return True
+    if lowered in ("0", "false", "off", "no", "f", "n"):
+        return False
+    raise BadRequest(f"{name} must be a boolean", param=name)
 
 
 def _slim(gens: list[GenerateRequest[Any]]) -> list[GenerateRequest[Any]]:

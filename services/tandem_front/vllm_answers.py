@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, cast
 
 import msgspec
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic_core import to_jsonable_python
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.anthropic.protocol import (
     AnthropicCountTokensRequest,
@@ -35,12 +37,16 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMValidationError
+from vllm.inputs import TokensPrompt, tokens_input
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.renderers.hf import resolve_chat_template
-from vllm.sampling_params import SamplingParams
+from vllm.renderers.online_renderer import OnlineRenderer
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.tokenizers import cached_tokenizer_from_config
 from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
 from vllm.v1.engine import EngineCoreRequest
@@ -50,11 +56,12 @@ from vllm.version import __version__ as VLLM_VERSION  # type: ignore[attr-define
 
 from tandem_http import BadRequest
 from tandem_vllm.derender import model_registry, online_options
+from tandem_vllm.sampling import sampling_params_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
 from tandem_wire import ChoiceLogprobs, GenerateRequest, GenerateResponse, WeightVersionSpan
 
 from .errors import UpstreamError
-from .openai_service import RenderProbe
+from .openai_service import RenderProbe, ResponsesHops, Written
 from .settings import FrontSettings
 
 __all__ = ["VllmAnswers"]
@@ -150,6 +157,140 @@ class _DoorMessages(AnthropicServingMessages):
         return None if ids is None else (ids, None)
 
 
+# The door request a Responses call serves: set around vLLM's ``create_responses``, read by
+# the renderer below, which hands it on to the engine client in the engine input.
+_HOPS: ContextVar[ResponsesHops | None] = ContextVar("tandem_responses_hops", default=None)
+_HOPS_KEY = "tandem_hops"
+
+
+class _DoorResponsesRenderer(OnlineRenderer):
+    """vLLM's online renderer for its Responses serving, the chat it renders rendered on a
+    render node: vLLM builds the messages and tools of the request (``render_responses``:
+    instructions, earlier turns, tool calls and outputs, images), a render node applies the
+    template to them and processes the images, as for a chat request."""
+
+    async def preprocess_chat(
+        self,
+        request: ResponsesRequest,
+        messages: list[Any],
+        default_template: str | None,
+        default_template_content_format: Any,
+        default_template_kwargs: dict[str, Any] | None,
+        tool_dicts: list[dict[str, Any]] | None = None,
+        parser: Any = None,
+        *,
+        skip_mm_cache: bool = False,
+    ) -> tuple[list[Any], list[Any]]:
+        hops = _HOPS.get()
+        if hops is None:
+            raise RuntimeError("a Responses prompt is rendered only within a door request")
+        body = _responses_chat_body(request, messages, default_template_kwargs, tool_dicts)
+        ids = await hops.render(_json(body))
+        # vLLM's own length rule for a Responses prompt (max_output_tokens counted).
+        prompt = TokensPrompt(prompt_token_ids=list(ids))
+        tok = request.build_tok_params(self.model_config)
+        checked = tok.apply_post_tokenization(self.renderer.tokenizer, prompt)
+        if len(checked["prompt_token_ids"]) != len(ids):
+            # Cutting a rendered prompt would cut through its images' placeholders.
+            raise BadRequest(
+                "truncation 'auto' of a prompt past the context is not served by the door: "
+                "send a shorter input",
+                param="truncation",
+            )
+        engine_input = tokens_input(list(ids), cache_salt=request.cache_salt)
+        cast(dict[str, Any], engine_input)[_HOPS_KEY] = hops
+        return [], [engine_input]
+
+
+def _responses_chat_body(
+    request: ResponsesRequest,
+    messages: list[Any],
+    template_kwargs: dict[str, Any] | None,
+    tool_dicts: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """The chat request a render node renders for a Responses call: vLLM's messages, and its
+    template arguments as its Responses serving resolved them. The tools go to the template
+    as the Responses serving gives them (not as chat tools: those would be checked against
+    chat's tool-choice rules, which the Responses API does not have)."""
+    kwargs = dict(template_kwargs or {})
+    if tool_dicts:
+        kwargs["tools"] = tool_dicts
+    body: dict[str, Any] = {
+        "messages": messages,
+        "chat_template_kwargs": kwargs,
+        # Chat's own flags, set as the template arguments say (chat would override them).
+        "add_generation_prompt": kwargs.get("add_generation_prompt", True),
+        "continue_final_message": kwargs.get("continue_final_message", False),
+        "priority": request.priority,
+    }
+    if isinstance(request.model, str):
+        body["model"] = request.model
+    for name in ("cache_salt", "mm_processor_kwargs", "media_io_kwargs"):
+        value = getattr(request, name, None)
+        if value is not None:
+            body[name] = value
+    document: dict[str, Any] = to_jsonable_python(body)
+    return document
+
+
+class _ResponsesEngine(_Engine):
+    """What vLLM's Responses serving asks of its engine client: each generation is the
+    request's generate hop, its answer made into the engine's outputs (``_Outputs``)."""
+
+    errored = False
+    answers: VllmAnswers
+    """Whose output processing the answers get (set once they are built)."""
+
+    def check_admission(self, n: int = 1) -> None:
+        """The door admits requests itself (``tandem_http.admission``)."""
+
+    async def generate(
+        self, prompt: Any, sampling_params: SamplingParams, request_id: str, **_: Any
+    ) -> AsyncIterator[RequestOutput]:
+        hops: ResponsesHops = prompt[_HOPS_KEY]
+        sampling = _generate_sampling(sampling_params)
+        gen: GenerateRequest[Any] = GenerateRequest(
+            token_ids=list(prompt["prompt_token_ids"]),
+            sampling_params=sampling,
+            request_id=request_id,
+        )
+        outputs = _Outputs(self.answers, gen, None)
+        if sampling_params.output_kind == RequestOutputKind.FINAL_ONLY:
+            result = await hops.whole(request_id, sampling)
+            yield outputs.request_output(result.choices, None, whole=result)
+            return
+        async for event in hops.events(request_id, sampling):
+            yield outputs.request_output(_choices(event), None)
+
+
+def _generate_sampling(params: SamplingParams) -> dict[str, Any]:
+    """vLLM's sampling for a Responses call, as generate takes it (without the empty
+    ``extra_args`` vLLM's Responses request always sets: the caller's are refused first)."""
+    wire = sampling_params_to_wire(params)
+    wire.pop("extra_args", None)
+    return wire
+
+
+def _written(answer: Any) -> Written:
+    """What vLLM's Responses serving answered, as ``vllm serve``'s routes write it."""
+    if isinstance(answer, ErrorResponse):
+        return Written(answer.error.code, _json(answer.model_dump(mode="json", by_alias=True)))
+    if isinstance(answer, BaseModel):
+        return Written(200, _json(answer.model_dump(mode="json", by_alias=True)))
+    return Written(200, events=_sse(answer))
+
+
+async def _sse(events: AsyncGenerator[Any, None]) -> AsyncIterator[bytes]:
+    """vLLM's Responses events as its server sends them (each named by its ``type``)."""
+    try:
+        async for event in events:
+            kind = getattr(event, "type", "unknown")
+            data = event.model_dump_json(indent=None, by_alias=True)
+            yield f"event: {kind}\ndata: {data}\n\n".encode()
+    finally:
+        await events.aclose()
+
+
 class VllmAnswers:
     """The answer side of the OpenAI routes, done by vLLM's own code."""
 
@@ -195,6 +336,15 @@ class VllmAnswers:
             reasoning_parser=shared["reasoning_parser"] or "",
             **{k: shared[k] for k in _MESSAGES_OPTIONS},
         )
+        responses_engine = _ResponsesEngine(model_config, self.tokenizer)
+        self.responses_serving = OpenAIServingResponses(
+            responses_engine,  # type: ignore[arg-type]
+            registry,  # type: ignore[arg-type]
+            _DoorResponsesRenderer(**shared),
+            reasoning_parser=shared["reasoning_parser"] or "",
+            **{k: shared[k] for k in _MESSAGES_OPTIONS},  # what vllm serve passes it too
+        )
+        responses_engine.answers = self
         # Until a generate node tells its own: none (vLLM's would hash no configuration).
         self.chat_serving.system_fingerprint = None
         self.completion_serving.system_fingerprint = None
@@ -239,6 +389,42 @@ class VllmAnswers:
             raise BadRequest(str(exc)[:300]) from None
         document: dict[str, Any] = chat.model_dump(mode="json", exclude_unset=True)
         return document
+
+    async def responses(self, body: dict[str, Any], hops: ResponsesHops) -> Written:
+        """``/v1/responses``: vLLM's Responses serving, its prompt rendered and generated by
+        ``hops``; the body as vLLM's server validates it (400 if not)."""
+        request = _validated(ResponsesRequest, body)
+        serving = self.responses_serving
+        if serving.use_harmony:
+            raise BadRequest(
+                "the door does not serve the Responses API of Harmony (gpt-oss) models"
+            )
+        for name in ("vllm_xargs", "kv_transfer_params", "ec_transfer_params"):
+            if getattr(request, name, None):
+                raise BadRequest(f"{name} is not served on the door's Responses route", param=name)
+        token = _HOPS.set(hops)
+        try:
+            answer = await serving.create_responses(request)
+        except VLLMValidationError as exc:
+            raise BadRequest(
+                str(exc.args[0] if exc.args else exc)[:300], param=exc.parameter
+            ) from None
+        finally:
+            _HOPS.reset(token)
+        return _written(answer)
+
+    async def retrieve_response(
+        self, response_id: str, starting_after: int | None, stream: bool
+    ) -> Written:
+        """``GET /v1/responses/{id}``: a response this door worker stored."""
+        answer = await self.responses_serving.retrieve_responses(
+            response_id, starting_after=starting_after, stream=stream
+        )
+        return _written(answer)
+
+    async def cancel_response(self, response_id: str) -> Written:
+        """``POST /v1/responses/{id}/cancel``: a background response of this door worker."""
+        return _written(await self.responses_serving.cancel_responses(response_id))
 
     def saw_fingerprint(self, fingerprint: str) -> None:
         # vLLM's serving code writes the fingerprint its engine has; here the engine is the

@@ -48,6 +48,7 @@ _BASE_RENDERER = "vllm.renderers.base:BaseRenderer"
 _CONNECTOR = "vllm.multimodal.media:MediaConnector"
 _SERVING_CHAT = "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat"
 _SERVING_COMPLETION = "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion"
+_RESPONSES = "vllm.entrypoints.openai.responses.serving:OpenAIServingResponses"
 _MESSAGES = "vllm.entrypoints.anthropic.serving:AnthropicServingMessages"
 
 UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
@@ -242,6 +243,62 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         None,
         "front",
         "passed to to_chat_completion_request, as create_messages passes it",
+    ),
+    # Front door: the Responses API through vLLM's Responses serving (vllm_answers).
+    UpstreamName(
+        "vllm.renderers.online_renderer:OnlineRenderer.preprocess_chat",
+        (
+            "self",
+            "request",
+            "messages",
+            "default_template",
+            "default_template_content_format",
+            "default_template_kwargs",
+            "tool_dicts",
+            "parser",
+            "*",
+            "skip_mm_cache",
+        ),
+        "front",
+        "overridden by _DoorResponsesRenderer: render_responses' chat goes to a render node",
+    ),
+    UpstreamName(
+        "vllm.renderers.online_renderer:OnlineRenderer.render_responses",
+        (
+            "self",
+            "request",
+            "*",
+            "previous_messages",
+            "previous_response_outputs",
+            "tool_server",
+            "skip_mm_cache",
+        ),
+        "front",
+        "builds the messages and tools the override above gets (non-Harmony models)",
+    ),
+    UpstreamName(
+        f"{_RESPONSES}.create_responses",
+        ("self", "request", "raw_request"),
+        "front",
+        "the door's /v1/responses; its engine client is _ResponsesEngine",
+    ),
+    UpstreamName(
+        f"{_RESPONSES}.retrieve_responses",
+        ("self", "response_id", "starting_after", "stream"),
+        "front",
+        "the door's GET /v1/responses/{id}",
+    ),
+    UpstreamName(
+        f"{_RESPONSES}.cancel_responses",
+        ("self", "response_id"),
+        "front",
+        "the door's POST /v1/responses/{id}/cancel",
+    ),
+    UpstreamName(
+        f"{_RESPONSES}.use_harmony",
+        None,
+        "front",
+        "Harmony (gpt-oss) Responses are refused at the door",
     ),
     # Front door: logprob token texts exactly as vLLM's engine writes them.
     UpstreamName(

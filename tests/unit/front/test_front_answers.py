@@ -24,8 +24,8 @@ from tandem_front.app import create_app
 from tandem_front.settings import FrontSettings
 from tandem_wire import WEIGHT_VERSIONS_HEADER, GenerateRequest
 from tests.support.asgi import AsgiCall, app_client
-from tests.support.parser_model import parser_model
 
+from .conftest import door_settings
 from .test_front_proxy_failures import _rendered, _Stream, events
 
 pytestmark = pytest.mark.anyio
@@ -44,45 +44,8 @@ TOOLS = [
 Answer = Callable[[dict[str, Any]], httpx.Response]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return str(parser_model(tmp_path_factory.mktemp("door-answers")))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def plain(model_dir):
-    """vLLM's answer side without parsers (built once: it loads the tokenizer)."""
-    from tandem_front.vllm_answers import VllmAnswers
-
-    return VllmAnswers(_settings(model_dir))
-
-
-@pytest.fixture(scope="module")
-def parsed(model_dir):
-    """vLLM's answer side with the hermes tool parser and the deepseek_r1 reasoning parser."""
-    from tandem_front.vllm_answers import VllmAnswers
-
-    return VllmAnswers(
-        _settings(
-            model_dir,
-            tool_call_parser="hermes",
-            enable_auto_tool_choice=True,
-            reasoning_parser="deepseek_r1",
-        )
-    )
-
-
 def _settings(model_dir: str, **kw: Any) -> FrontSettings:
-    return FrontSettings(
-        render_urls=("http://r1",), generate_urls=("http://g1",), model=model_dir, **kw
-    )
+    return door_settings(model_dir, **kw)
 
 
 class Pair(httpx.AsyncBaseTransport):

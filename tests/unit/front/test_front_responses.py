@@ -1,0 +1,206 @@
+"""The door's Responses API (``/v1/responses``), written by vLLM's own Responses serving over
+crafted render and generate answers: vLLM builds the chat a render node renders (instructions,
+earlier turns, tools), resolves the sampling generate gets, and writes the answer, whole or as
+its events; refusals of either hop pass unchanged; the store, retrieve and cancel as
+``vllm serve`` has them (``VLLM_ENABLE_RESPONSES_API_STORE``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+import pytest
+
+from tandem_front.app import create_app
+from tests.support.asgi import app_client
+
+from .conftest import door_settings
+from .test_front_answers import (
+    PROMPT,
+    TOOLS,
+    Pair,
+    Recorded,
+    ended,
+    sse,
+    streamed,
+    whole,
+)
+
+pytestmark = pytest.mark.anyio
+
+ASK = {"input": "hi", "instructions": "Be brief.", "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def stored(model_dir):
+    """vLLM's answer side with the Responses store on, as ``vllm serve`` turns it on."""
+    from tandem_front.vllm_answers import VllmAnswers
+
+    os.environ["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"
+    try:
+        return VllmAnswers(door_settings(model_dir))
+    finally:
+        del os.environ["VLLM_ENABLE_RESPONSES_API_STORE"]
+
+
+async def call(answers, transport: Pair, *steps: tuple[str, str, dict[str, Any] | None]):
+    """Each (method, path, body) in turn through one door; the answers."""
+    app = create_app(door_settings("m"), answers, transport)
+    out = []
+    async with app_client(app) as c:
+        for method, path, body in steps:
+            out.append(await c.request(method, path, json=body))
+    return out
+
+
+def text_of(answer: dict[str, Any]) -> str:
+    (message,) = [o for o in answer["output"] if o["type"] == "message"]
+    return "".join(c["text"] for c in message["content"])
+
+
+async def test_a_response_is_rendered_generated_and_written_by_vllm(plain, tokenizer, model_dir):
+    tokens = ended(tokenizer, "hello")
+    t = Recorded(whole({"index": 0, "token_ids": tokens, "finish_reason": "stop"}))
+    (r,) = await call(plain, t, ("POST", "/v1/responses", {**ASK, "max_output_tokens": 9}))
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert (answer["object"], answer["status"]) == ("response", "completed")
+    assert answer["model"] == model_dir  # the served name, as no model was asked
+    assert text_of(answer) == "hello"
+    usage = answer["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"]) == (len(PROMPT), len(tokens))
+    # Render got vLLM's messages for the request, with its template arguments.
+    (chat,) = t.rendered
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    assert chat["chat_template_kwargs"]["add_generation_prompt"] is True
+    # Generate got the sampling vLLM's Responses serving resolved (not render's).
+    (gen,) = t.generated
+    assert gen["sampling_params"]["max_tokens"] == 9
+    assert gen["sampling_params"]["temperature"] == 0.0
+    assert gen["token_ids"] == PROMPT and gen["stream"] is False
+
+
+async def test_a_response_cut_at_max_output_tokens_is_incomplete(plain, tokenizer):
+    tokens = tokenizer.encode("one two", add_special_tokens=False)
+    t = Pair(whole({"index": 0, "token_ids": tokens, "finish_reason": "length"}))
+    (r,) = await call(plain, t, ("POST", "/v1/responses", {**ASK, "max_output_tokens": 2}))
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "incomplete"
+
+
+async def test_a_streamed_response_is_sent_as_vllms_events(plain, tokenizer):
+    tokens = ended(tokenizer, "hello there")
+    chunks = [[{"index": 0, "token_ids": [x]}] for x in tokens[:-1]]
+    chunks.append([{"index": 0, "token_ids": tokens[-1:], "finish_reason": "stop"}])
+    t = Pair(streamed(*chunks))
+    (r,) = await call(plain, t, ("POST", "/v1/responses", {**ASK, "stream": True}))
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/event-stream")
+    sent = sse(r.content)
+    kinds = [k for k, _ in sent]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [d["sequence_number"] for _, d in sent] == list(range(len(sent)))
+    deltas = "".join(d["delta"] for k, d in sent if k == "response.output_text.delta")
+    assert deltas == "hello there"
+    assert text_of(sent[-1][1]["response"]) == "hello there"
+    assert t.generated[0]["stream"] is True
+
+
+async def test_a_function_call_is_answered_as_a_function_call_item(parsed, tokenizer):
+    text = '</think><tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    t = Recorded(whole({"index": 0, "token_ids": ended(tokenizer, text), "finish_reason": "stop"}))
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    (r,) = await call(parsed, t, ("POST", "/v1/responses", {**ASK, "tools": tools}))
+    assert r.status_code == 200, r.text
+    (item,) = [o for o in r.json()["output"] if o["type"] == "function_call"]
+    assert item["name"] == "get_weather"
+    assert item["arguments"] == '{"city": "Paris"}'
+    # The tools reach the template as vLLM's Responses serving gives them.
+    (chat,) = t.rendered
+    assert [d["function"]["name"] for d in chat["chat_template_kwargs"]["tools"]] == ["get_weather"]
+
+
+async def test_a_render_refusal_passes_unchanged(plain):
+    class Refusing(Pair):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.host == "r1":
+                error = {"message": "no such image", "type": "BadRequestError", "code": 400}
+                return httpx.Response(400, json={"error": error})
+            return await super().handle_async_request(request)
+
+    for stream in (False, True):
+        (r,) = await call(
+            plain, Refusing(whole()), ("POST", "/v1/responses", {**ASK, "stream": stream})
+        )
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == "no such image"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_generate_refusal_is_an_http_answer_streamed_or_not(plain, stream):
+    error = {"message": "prompt too long", "type": "prompt_too_long", "code": 400}
+    t = Pair(lambda gen: httpx.Response(400, json={"error": error}))
+    (r,) = await call(plain, t, ("POST", "/v1/responses", {**ASK, "stream": stream}))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "prompt_too_long"
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input": 5}, "input"),
+        ({"input": "hi", "kv_transfer_params": {"x": 1}}, "kv_transfer_params"),
+    ],
+)
+async def test_a_body_the_door_refuses_is_a_typed_400_before_render(plain, body, param):
+    t = Recorded(whole())
+    (r,) = await call(plain, t, ("POST", "/v1/responses", body))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request"
+    assert param in r.json()["error"]["message"] or r.json()["error"].get("param") == param
+    assert t.rendered == []
+
+
+async def test_without_the_store_earlier_responses_are_not_found_as_upstream(plain, tokenizer):
+    t = Pair(whole({"index": 0, "token_ids": ended(tokenizer, "a"), "finish_reason": "stop"}))
+    first, again, follow = await call(
+        plain,
+        t,
+        ("POST", "/v1/responses", ASK),
+        ("GET", "/v1/responses/resp_x", None),
+        ("POST", "/v1/responses", {**ASK, "previous_response_id": "resp_x"}),
+    )
+    assert first.status_code == 200
+    assert again.status_code == 404 and follow.status_code == 404
+    assert follow.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_stored_response_is_retrieved_and_continued(stored, tokenizer):
+    t = Recorded(
+        whole({"index": 0, "token_ids": ended(tokenizer, "Paris"), "finish_reason": "stop"})
+    )
+    first, *_ = await call(stored, t, ("POST", "/v1/responses", ASK))
+    rid = first.json()["id"]
+    got, follow, cancel = await call(
+        stored,
+        t,
+        ("GET", f"/v1/responses/{rid}", None),
+        ("POST", "/v1/responses", {**ASK, "input": "And?", "previous_response_id": rid}),
+        ("POST", f"/v1/responses/{rid}/cancel", None),
+    )
+    assert got.status_code == 200 and got.json() == first.json()
+    assert follow.status_code == 200, follow.text
+    # The earlier turn and its answer come before the new input (instructions do not carry).
+    assert t.rendered[-1]["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Paris"},
+        {"role": "user", "content": "And?"},
+    ]
+    # Only a background response can be cancelled, as upstream says.
+    assert cancel.status_code == 400, cancel.text
