@@ -22,6 +22,7 @@ from tandem_http import (
 )
 
 from .app import create_app
+from .content_parts import RENDER_URL_FLAG
 from .engine import Engine
 from .settings import ENGINE_MM_PROCESSOR_CACHE_GB, ONEDNN_KERNEL_CACHE, GenerateSettings
 
@@ -30,6 +31,10 @@ ENGINE_DIED_EXIT_CODE = os.EX_SOFTWARE
 
 DOOR_KEY_ENV = "TANDEM_DOOR_API_KEY"
 """Environment variable with the front doors' keys when no ``--door-api-key`` is given."""
+
+RENDER_KEY_ENV = "TANDEM_CONTENT_PARTS_RENDER_API_KEY"
+"""Environment variable with the content-parts render node's key when no
+``--content-parts-render-api-key`` is given."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
@@ -143,6 +148,28 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         default=GenerateSettings.max_structured_output_bytes,
         help="largest sampling_params.structured_outputs accepted, in bytes of its JSON",
     )
+    ours.add_argument(
+        RENDER_URL_FLAG,
+        default=None,
+        metavar="URL",
+        help="a render node's base URL (e.g. http://render:8100): requests with content_parts "
+        "(raw image URLs and token ids carrying the model's placeholder token) are rendered "
+        "there (/v1/completions/render; media fetched under its media policy) and generated "
+        "from its token ids and features; without it such requests get 400",
+    )
+    ours.add_argument(
+        "--content-parts-render-api-key",
+        default=None,  # the environment is read after parsing, so --help never shows the key
+        help="the key sent to that render node (one of its --api-key); "
+        f"${RENDER_KEY_ENV} sets the default",
+    )
+    ours.add_argument(
+        "--content-parts-render-timeout-s",
+        type=float,
+        default=GenerateSettings.content_parts_render_timeout_s,
+        help="seconds that render node may take to answer (media fetches included) before "
+        "the request is answered 503",
+    )
     parser = AsyncEngineArgs.add_cli_args(parser)
     parser.set_defaults(mm_processor_cache_gb=ENGINE_MM_PROCESSOR_CACHE_GB)
     args = parser.parse_args(None if argv is None else list(argv))
@@ -172,6 +199,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         pretouch_item_cache=args.pretouch_item_cache,
         structured_outputs=not args.disable_structured_outputs,
         max_structured_output_bytes=args.max_structured_output_bytes,
+        content_parts_render_url=args.content_parts_render_url,
+        content_parts_render_api_key=(
+            args.content_parts_render_api_key or os.environ.get(RENDER_KEY_ENV)
+        ),
+        content_parts_render_timeout_s=args.content_parts_render_timeout_s,
     )
     return settings, engine_args
 

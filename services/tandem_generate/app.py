@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
+import httpx
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -72,12 +73,14 @@ def create_app(
     *,
     shutdown_engine: bool = True,
     on_engine_dead: Callable[[], None] | None = None,
+    render_transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """Build the app; the engine is made by ``engine_factory`` at start-up (lifespan), so health
     answers only once the engine is ready. Tests pass a factory returning a shared engine.
 
     ``on_engine_dead`` is called once if the engine dies; the server entry point stops the
-    process with it (a node with a dead engine only answers errors)."""
+    process with it (a node with a dead engine only answers errors). ``render_transport``:
+    how the render node that resolves ``content_parts`` is reached (None: the network)."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = GenerateMetrics.create(registry)
     gate = AdmissionGate(
@@ -97,7 +100,7 @@ def create_app(
                 settings.item_cache_bytes >> 20,
                 seconds,
             )
-        app.state.service = GenerateService(settings, engine, metrics)
+        app.state.service = GenerateService(settings, engine, metrics, render_transport)
         log.info("largest request body: %d MiB", app.state.service.max_body_bytes >> 20)
         budget = "none" if gate.max_bytes is None else f"{gate.max_bytes >> 20} MiB"
         log.info("admission: %d requests, byte budget %s", gate.limit, budget)
@@ -111,6 +114,7 @@ def create_app(
         finally:
             if watch is not None:
                 watch.cancel()
+            await app.state.service.aclose()
             if shutdown_engine:
                 engine.shutdown()
 
@@ -134,7 +138,7 @@ def create_app(
         in_fmt, out_fmt = negotiate(request)
         metrics.bytes_in.labels(in_fmt.name.lower()).inc(len(body))
         principal, slot = principal_of(request), slot_of(request)
-        req = svc.decode(body, in_fmt, slot)
+        req = await svc.resolve_content_parts(svc.decode(body, in_fmt, slot), slot)
         fingerprint = svc.engine.system_fingerprint
         headers = {SYSTEM_FINGERPRINT_HEADER: fingerprint} if fingerprint else None
         if req.stream:

@@ -3,6 +3,8 @@ type strings in tandem_wire.error_types."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tandem_wire import TandemHTTPError, error_types
 
 __all__ = [
@@ -21,6 +23,9 @@ __all__ = [
     "WeightTransferNotConfigured",
     "WeightCheckpointUnavailable",
     "PrefixCacheNotReset",
+    "RenderRefused",
+    "RenderUnavailable",
+    "RenderFailed",
 ]
 
 
@@ -123,3 +128,40 @@ class PrefixCacheNotReset(GenerateError):
     status_code = 503
     type = error_types.PREFIX_CACHE_NOT_RESET
     retry_after = 1
+
+
+class RenderRefused(GenerateError):
+    """The render node that resolves ``content_parts`` refused them (a media URL it may not
+    fetch, an image it cannot decode, token ids that do not match the media, ...): its status
+    and ``type`` are passed on, so the caller sees what render itself would answer."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        type: str,
+        param: str | None = None,
+        details: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, param=param, details=details, retry_after=retry_after)
+        self.status_code = status_code
+        self.type = type
+
+
+class RenderUnavailable(GenerateError):
+    """The render node that resolves ``content_parts`` cannot be reached, timed out, or is
+    not ready (it answered 503); nothing was generated."""
+
+    status_code = 503
+    type = error_types.UPSTREAM_UNAVAILABLE
+    retry_after = 1
+
+
+class RenderFailed(GenerateError):
+    """The render node that resolves ``content_parts`` failed (a 5xx other than 503) or
+    refused this node's own key; nothing was generated."""
+
+    status_code = 502
+    type = error_types.UPSTREAM_ERROR

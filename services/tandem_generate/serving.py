@@ -8,6 +8,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import httpx
+
 from tandem_http import BadRequest, ModelNotFound, PromptTooLong, Slot
 from tandem_wire import (
     DecodeLimits,
@@ -19,6 +21,7 @@ from tandem_wire import (
     encode_document,
 )
 
+from .content_parts import RENDER_URL_FLAG, ContentPartsResolver
 from .engine import Engine
 from .errors import EngineNotReady, UnsupportedSamplingParams
 from .inputs import InputBuilder
@@ -37,8 +40,14 @@ class GenerateService:
     """Feeds checked, pre-rendered requests to the engine; one per process."""
 
     def __init__(
-        self, settings: GenerateSettings, engine: Engine, metrics: GenerateMetrics
+        self,
+        settings: GenerateSettings,
+        engine: Engine,
+        metrics: GenerateMetrics,
+        render_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """``render_transport``: how the content-parts render node is reached (tests pass
+        an in-process one; None: the network)."""
         self.settings = settings
         self.engine = engine
         self.metrics = metrics
@@ -56,10 +65,18 @@ class GenerateService:
             mm_limits=engine.mm_limits,
             accept_embeds=engine.accepts_mm_embeds,
         )
+        self.content_parts = (
+            ContentPartsResolver(settings, self.max_body_bytes, render_transport)
+            if settings.content_parts_render_url
+            else None
+        )
 
-    def _prepare(
-        self, req: GenerateRequest[ItemBytes | None], principal: str, slot: Slot | None
-    ) -> tuple[Any, Any, int | None]:
+    async def aclose(self) -> None:
+        if self.content_parts is not None:
+            await self.content_parts.aclose()
+
+    def _check_request(self, req: GenerateRequest[Any]) -> None:
+        """What is refused before anything else is done for a request."""
         if req.model is not None and req.model not in self.settings.served_model_names:
             raise ModelNotFound(f"model {req.model[:80]!r} is not served here", param="model")
         if req.output_mode == "text" and req.sampling_params.get("detokenize") is False:
@@ -67,10 +84,33 @@ class GenerateService:
                 "output_mode='text' requires sampling_params.detokenize to be true",
                 param="output_mode",
             )
-        if req.content_parts:
-            raise BadRequest("content_parts are not accepted: render first", param="content_parts")
         if self.engine.errored:
             raise EngineNotReady("the engine has failed; the server must be restarted")
+
+    async def resolve_content_parts(
+        self, req: GenerateRequest[ItemBytes | None], slot: Slot | None
+    ) -> GenerateRequest[ItemBytes | None]:
+        """``req`` as if its caller had sent the token ids and features the render node
+        answers for its ``content_parts`` (``tandem_generate.content_parts``); ``req`` itself
+        when it has none. The items render answers are charged to the admission ``slot``."""
+        if not req.content_parts:
+            return req
+        self._check_request(req)
+        if self.content_parts is None:
+            raise BadRequest(
+                "content_parts are not served here: this node was started without "
+                f"{RENDER_URL_FLAG} (the render node that resolves them); render the request "
+                "first and send its features",
+                param="content_parts",
+            )
+        return await self.content_parts.resolve(req, slot.take if slot is not None else None)
+
+    def _prepare(
+        self, req: GenerateRequest[ItemBytes | None], principal: str, slot: Slot | None
+    ) -> tuple[Any, Any, int | None]:
+        self._check_request(req)
+        if req.content_parts:  # resolve_content_parts was not called first: a bug
+            raise RuntimeError("content_parts reached _prepare unresolved")
         params = build_sampling_params(
             req.sampling_params,
             stream=bool(req.stream),

@@ -106,5 +106,18 @@ class GenerateSettings:
     grammar or choices with their options): bounds what the API process parses and the
     engine compiles per request. Larger is a 400."""
 
+    content_parts_render_url: str | None = None
+    """The render node (its base URL) that resolves ``content_parts``: their media and the
+    caller's token ids go to its ``/v1/completions/render``, and the request proceeds with the
+    token ids and features it answers (``tandem_generate.content_parts``). None: requests with
+    ``content_parts`` are refused (400 naming ``--content-parts-render-url``)."""
+
+    content_parts_render_api_key: str | None = None
+    """The key sent to that render node (one of its ``--api-key``); None: none sent."""
+
+    content_parts_render_timeout_s: float = 60.0
+    """How long that render node may take to answer (media fetches included), in seconds;
+    past it the request is answered 503 ``upstream_unavailable``."""
+
     disconnect_poll_s: float = 0.25
     """How often a non-streaming request checks whether its client went away."""

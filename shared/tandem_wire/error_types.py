@@ -140,13 +140,16 @@ PREFIX_CACHE_NOT_RESET = "prefix_cache_not_reset"
 reset, so KV computed with the old weights may still be reused; retry ``/reset_prefix_cache``."""
 # Front door.
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
-"""503: no node of a tier could be reached (or none is healthy); the message names the tier."""
+"""503: no node of a tier could be reached (or none is healthy); the message names the tier.
+Generate answers it too when the render node that resolves ``content_parts`` cannot be reached,
+times out or is not ready."""
 CONTROL_PARTIAL_FAILURE = "control_partial_failure"
 """502: a control route fanned out to every generate node failed on some; ``details.failed``
 names each failed node with its status and error type, ``details.succeeded`` the others."""
 UPSTREAM_ERROR = "upstream_error"
 """502: an upstream answered something the front door cannot read (not a typed error), or its
-connection broke (reset, protocol error) before or during the answer."""
+connection broke (reset, protocol error) before or during the answer. Generate answers it when
+the render node that resolves ``content_parts`` fails or refuses generate's own key."""
 UPSTREAM_TIMEOUT = "upstream_timeout"
 """504: an upstream took the request but did not answer (or send more of its answer) within the
 front door's read timeout."""

@@ -75,6 +75,9 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     gen.WeightTransferNotConfigured: tc.WeightUpdateError,
     gen.WeightCheckpointUnavailable: tc.WeightUpdateError,
     gen.PrefixCacheNotReset: tc.ServerError,
+    gen.RenderRefused: tc.BadRequestError,
+    gen.RenderUnavailable: tc.ServerError,
+    gen.RenderFailed: tc.ServerError,
     # front door
     front.UpstreamUnavailable: tc.ServerError,
     front.UpstreamError: tc.ServerError,
