@@ -48,11 +48,15 @@ def cpu_engine(model: str, **overrides):
     return Engine(AsyncEngineArgs(**{**args, **overrides}))
 
 
-def generate_app(engine, model: str, **overrides):
+def generate_app(engine, model: str, *, render_transport=None, **overrides):
+    """``render_transport``: how the content-parts render node is reached (an in-process
+    one for tests, with ``content_parts_render_url`` naming its host)."""
     # No pre-faulting per app (tests/unit/http/test_memory.py covers it).
     base = GenerateSettings(served_model_names=(model,), pretouch_item_cache=False)
     settings = replace(base, **overrides)
-    return create_app(settings, lambda: engine, shutdown_engine=False)
+    return create_app(
+        settings, lambda: engine, shutdown_engine=False, render_transport=render_transport
+    )
 
 
 async def render(
