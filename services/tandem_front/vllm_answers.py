@@ -216,7 +216,7 @@ def _responses_chat_body(
     if tool_dicts:
         kwargs["tools"] = tool_dicts
     body: dict[str, Any] = {
-        "messages": messages,
+        "messages": [_chat_message(m) for m in to_jsonable_python(messages)],
         "chat_template_kwargs": kwargs,
         # Chat's own flags, set as the template arguments say (chat would override them).
         "add_generation_prompt": kwargs.get("add_generation_prompt", True),
@@ -231,6 +231,26 @@ def _responses_chat_body(
             body[name] = value
     document: dict[str, Any] = to_jsonable_python(body)
     return document
+
+
+def _chat_message(message: Any) -> Any:
+    """A message of vLLM's Responses conversation as the chat route takes it: its Responses
+    ``input_image`` parts as the ``image_url`` parts vLLM's chat parser reads them as (the
+    chat route's media screen takes those); anything else unchanged."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return message
+    return {**message, "content": [_chat_part(p) for p in content]}
+
+
+def _chat_part(part: Any) -> Any:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "input_image" and isinstance(part.get("image_url"), str):
+        image = {"url": part["image_url"]}
+        if part.get("detail") is not None:
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    return part
 
 
 class _ResponsesEngine(_Engine):

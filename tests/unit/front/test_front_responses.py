@@ -204,3 +204,30 @@ async def test_a_stored_response_is_retrieved_and_continued(stored, tokenizer):
     ]
     # Only a background response can be cancelled, as upstream says.
     assert cancel.status_code == 400, cancel.text
+
+
+async def test_input_images_reach_render_as_the_chat_parts_vllm_reads_them_as(plain, tokenizer):
+    url = "data:image/png;base64,iVBORw0KGgo="
+    content = [
+        {"type": "input_image", "image_url": url, "detail": "low"},
+        {"type": "input_text", "text": "What is this?"},
+    ]
+    turns = [
+        {"role": "user", "content": content},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "A cat.", "annotations": []}],
+        },
+    ]
+    t = Recorded(whole({"index": 0, "token_ids": ended(tokenizer, "a"), "finish_reason": "stop"}))
+    (r,) = await call(plain, t, ("POST", "/v1/responses", {"input": turns}))
+    assert r.status_code == 200, r.text
+    (chat,) = t.rendered
+    assert chat["messages"][0]["content"] == [
+        {"type": "image_url", "image_url": {"url": url, "detail": "low"}},
+        {"type": "input_text", "text": "What is this?"},
+    ]
+    assert chat["messages"][1] == {"role": "assistant", "content": "A cat."}
