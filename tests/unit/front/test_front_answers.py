@@ -605,15 +605,18 @@ async def test_a_body_vllm_refuses_is_a_typed_400(plain):
     assert "max_tokens" in r.json()["error"]["message"]
 
 
-async def test_a_render_refusal_is_answered_in_the_messages_error_shape(plain):
-    class Refusing(Pair):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            if request.url.host == "r1":
-                error = {"message": "no such image", "type": "BadRequestError", "code": 400}
-                return httpx.Response(400, json={"error": error})
-            return await super().handle_async_request(request)
+class RenderRefusing(Pair):
+    """``Pair`` whose render refuses every request (400, "no such image")."""
 
-    r = await post(plain, Refusing(whole()), "/v1/messages", MESSAGES)
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == "r1":
+            error = {"message": "no such image", "type": "BadRequestError", "code": 400}
+            return httpx.Response(400, json={"error": error})
+        return await super().handle_async_request(request)
+
+
+async def test_a_render_refusal_is_answered_in_the_messages_error_shape(plain):
+    r = await post(plain, RenderRefusing(whole()), "/v1/messages", MESSAGES)
     assert r.status_code == 400
     assert r.json() == {
         "type": "error",

@@ -21,6 +21,7 @@ from .test_front_answers import (
     TOOLS,
     Pair,
     Recorded,
+    RenderRefusing,
     ended,
     sse,
     streamed,
@@ -126,17 +127,9 @@ async def test_a_function_call_is_answered_as_a_function_call_item(parsed, token
 
 
 async def test_a_render_refusal_passes_unchanged(plain):
-    class Refusing(Pair):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            if request.url.host == "r1":
-                error = {"message": "no such image", "type": "BadRequestError", "code": 400}
-                return httpx.Response(400, json={"error": error})
-            return await super().handle_async_request(request)
-
     for stream in (False, True):
-        (r,) = await call(
-            plain, Refusing(whole()), ("POST", "/v1/responses", {**ASK, "stream": stream})
-        )
+        t = RenderRefusing(whole())
+        (r,) = await call(plain, t, ("POST", "/v1/responses", {**ASK, "stream": stream}))
         assert r.status_code == 400
         assert r.json()["error"]["message"] == "no such image"
 
