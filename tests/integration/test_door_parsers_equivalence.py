@@ -1,7 +1,8 @@
 """The front door answers what `vllm serve` answers, through the `openai` SDK as released: tool
-calls (auto, required, named), reasoning, response_format, structured outputs, echo with
-logprobs, prompt logprobs and completions' logprobs=k, whole and streamed, on the tiny Qwen2-VL
-whose tokenizer holds hermes tool-call and deepseek_r1 reasoning markup.
+calls (auto, required, named; a Responses API function call), reasoning, response_format,
+structured outputs, echo with logprobs, prompt logprobs and completions' logprobs=k, whole and
+streamed, on the tiny Qwen2-VL whose tokenizer holds hermes tool-call and deepseek_r1
+reasoning markup.
 
 Both sides run with the same parser options and seeded greedy engines: the hermes tool parser
 for most tests, and ``PARSER_FLAGS`` (hermes and deepseek_r1) for reasoning. Two fleets, one
@@ -211,6 +212,18 @@ def same(
     return ours, merged(s_ours)
 
 
+def response_fields(response: Any) -> dict[str, Any]:
+    """A Responses answer without what differs between any two servers or calls: ids (the
+    response's, its items' and calls'), the clock, and the prefix cache's ``cached_tokens``."""
+    out: dict[str, Any] = response.model_dump(exclude={"id", "created_at"})
+    for item in out["output"]:
+        item.pop("id", None)
+        item.pop("call_id", None)
+    details = (out.get("usage") or {}).get("input_tokens_details") or {}
+    details.pop("cached_tokens", None)
+    return out
+
+
 def _arguments(answer: dict[str, Any]) -> dict[str, Any]:
     (call,) = answer["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
@@ -265,6 +278,36 @@ class TestTools:
         assert answer["choices"][0]["finish_reason"] == "tool_calls"
         # (Streamed, hermes looks for its markup tokens, which the regex spells in bytes:
         # compared with upstream's above, whatever it makes of them.)
+
+    def test_a_responses_function_call_answers_as_vllm_serve(self, sides):
+        # The Responses API over the same parser: the regex makes the model write a hermes
+        # call, which vLLM's Responses serving reports as a function_call item.
+        model, upstream, door = sides
+        call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+        regex = call.replace("{", "\\{").replace("}", "\\}")
+        function = {"type": "function", **TOOLS[0]["function"]}
+        body = {
+            "model": model,
+            "input": ASK[0]["content"],
+            "tools": [function],
+            "max_output_tokens": 200,
+            "temperature": 0.0,
+            "extra_body": {
+                "structured_outputs": {"regex": regex},
+                "skip_special_tokens": False,
+                "seed": 0,
+            },
+        }
+        ours, theirs = (response_fields(c.responses.create(**body)) for c in (door, upstream))
+        assert ours == theirs, differences(ours, theirs)[:10]
+        (item,) = [o for o in ours["output"] if o["type"] == "function_call"]
+        assert (item["name"], json.loads(item["arguments"])) == ("get_weather", {"city": "Rome"})
+        ours_events, theirs_events = (
+            list(c.responses.create(**body, stream=True)) for c in (door, upstream)
+        )
+        finals = [events[-1] for events in (ours_events, theirs_events)]
+        assert [e.type for e in finals] == ["response.completed"] * 2
+        assert response_fields(finals[0].response) == response_fields(finals[1].response) == ours
 
     # -- structured outputs ----------
 
