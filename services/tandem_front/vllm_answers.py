@@ -15,6 +15,7 @@ The only module of tandem_front that imports vLLM (a CPU import: tokenizer files
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextvars import ContextVar
@@ -65,6 +66,8 @@ from .openai_service import RenderProbe, ResponsesHops, Written
 from .settings import FrontSettings
 
 __all__ = ["VllmAnswers"]
+
+log = logging.getLogger(__name__)
 
 # The SamplingParams fields that decide detokenized text and stop-string cuts.
 _TEXT_FIELDS = (
@@ -365,6 +368,13 @@ class VllmAnswers:
             **{k: shared[k] for k in _MESSAGES_OPTIONS},  # what vllm serve passes it too
         )
         responses_engine.answers = self
+        if self.responses_serving.enable_store and settings.workers > 1:
+            log.warning(
+                "VLLM_ENABLE_RESPONSES_API_STORE is on with %d door workers: each keeps its "
+                "own store, so a stored response is found only by the worker that made it "
+                "(run the door with --workers 1 to use previous_response_id and retrieve)",
+                settings.workers,
+            )
         # Until a generate node tells its own: none (vLLM's would hash no configuration).
         self.chat_serving.system_fingerprint = None
         self.completion_serving.system_fingerprint = None

@@ -295,6 +295,12 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         "the door's POST /v1/responses/{id}/cancel",
     ),
     UpstreamName(
+        f"{_RESPONSES}.enable_store",
+        None,
+        "front",
+        "the door warns when the store is on with more than one worker",
+    ),
+    UpstreamName(
         f"{_RESPONSES}.use_harmony",
         None,
         "front",

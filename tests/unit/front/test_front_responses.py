@@ -224,3 +224,12 @@ async def test_input_images_reach_render_as_the_chat_parts_vllm_reads_them_as(pl
         {"type": "input_text", "text": "What is this?"},
     ]
     assert chat["messages"][1] == {"role": "assistant", "content": "A cat."}
+
+
+def test_a_store_split_across_door_workers_is_warned_of(model_dir, caplog, monkeypatch):
+    from tandem_front.vllm_answers import VllmAnswers
+
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+    with caplog.at_level("WARNING", logger="tandem_front.vllm_answers"):
+        VllmAnswers(door_settings(model_dir, workers=2))
+    assert "found only by the worker that made it" in caplog.text
