@@ -25,6 +25,7 @@ from .render_call import current
 
 __all__ = [
     "CONNECTOR_NAME",
+    "PrefetchedMediaConnector",
     "decode_audio",
     "VideoLimits",
     "check_video_bytes",

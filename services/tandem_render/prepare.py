@@ -172,7 +172,9 @@ class PreparedChat:
 @dataclass
 class PreparedCompletion:
     body: dict[str, Any]
-    images: list[list[MediaRef] | None] | None = None
+    media: list[list[MediaRef] | None] | None = None
+    """Per prompt, its media items (from ``images``, ``videos`` and ``audios``; each
+    modality's in the order given), or None for a prompt without any; None: no field given."""
 
 
 def _media_ref(counter: list[int], modality: str, source: Any, where: str) -> MediaRef:
@@ -481,9 +483,14 @@ def _embeds_part(
     return {"type": kind, kind: ref.urls()}
 
 
+_COMPLETION_MEDIA = {"images": "image", "videos": "video", "audios": "audio"}
+"""Our completion fields: one list (or null) per prompt of that modality's media."""
+
+
 def prepare_completion(body: Any, limits: RequestLimits, vocab_size: int) -> PreparedCompletion:
     """Validate a completion request; token ids are checked against the vocabulary and never
-    re-tokenized; ``images`` (ours) attaches a list of images to each prompt."""
+    re-tokenized; ``images``, ``videos`` and ``audios`` (ours) attach media to each prompt,
+    one list (or null) per prompt, each item a URL or raw bytes, as chat's parts are."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     _check_common(body, limits)
@@ -492,29 +499,31 @@ def prepare_completion(body: Any, limits: RequestLimits, vocab_size: int) -> Pre
     for i, p in enumerate(prompts):
         if isinstance(p, list):
             _check_token_ids(p, vocab_size, f"prompt[{i}]")
-    images = body.get("images")
-    rest = {k: v for k, v in body.items() if k != "images"}
-    if images is None:
+    rest = {k: v for k, v in body.items() if k not in _COMPLETION_MEDIA}
+    given = {name: body[name] for name in _COMPLETION_MEDIA if body.get(name) is not None}
+    if not given:
         return PreparedCompletion(body=rest)
-    if not isinstance(images, list) or len(images) != len(prompts):
-        raise BadRequest(
-            "images must be a list with one entry (a list or null) per prompt", param="images"
-        )
     counter = [0]
-    per_prompt: list[list[MediaRef] | None] = []
-    for i, entry in enumerate(images):
-        if entry is None:
-            per_prompt.append(None)
-            continue
-        if not isinstance(entry, list):
-            raise BadRequest(f"images[{i}] must be a list of images or null", param="images")
-        refs = [
-            _media_ref(counter, "image", src, f"images[{i}][{j}]") for j, src in enumerate(entry)
-        ]
+    per_prompt: list[list[MediaRef]] = [[] for _ in prompts]
+    for name, entries in given.items():
+        modality = _COMPLETION_MEDIA[name]
+        if not isinstance(entries, list) or len(entries) != len(prompts):
+            raise BadRequest(
+                f"{name} must be a list with one entry (a list or null) per prompt", param=name
+            )
+        for i, entry in enumerate(entries):
+            if entry is None:
+                continue
+            if not isinstance(entry, list):
+                raise BadRequest(f"{name}[{i}] must be a list of {name} or null", param=name)
+            per_prompt[i] += [
+                _media_ref(counter, modality, src, f"{name}[{i}][{j}]")
+                for j, src in enumerate(entry)
+            ]
+    for refs in per_prompt:
         _check_counts(refs, limits)
-        _check_implied_grid(body, len(refs), limits)
-        per_prompt.append(refs or None)
-    return PreparedCompletion(body=rest, images=per_prompt)
+        _check_implied_grid(body, sum(r.modality == "image" for r in refs), limits)
+    return PreparedCompletion(body=rest, media=[refs or None for refs in per_prompt])
 
 
 def _prompt_list(prompt: Any) -> list[Any]:

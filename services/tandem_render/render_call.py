@@ -1,6 +1,6 @@
 """The one hand-off between a render request and the vLLM hooks it runs through.
 
-A request's media, its per-prompt images (completions) and the engine inputs vLLM produced all
+A request's media, its per-prompt media (completions) and the engine inputs vLLM produced all
 travel in one ``RenderCall``. ``EngineRenderer`` is the only place that binds one; the hooks
 (the media connector, the engine-input capture, the completion renderer) only read it.
 
@@ -47,7 +47,7 @@ class RenderCall:
     """How the connector decodes audio clips (limits, the model's sample rate)."""
 
     prompt_media: PromptMedia | None = None
-    """Completions only: images per prompt, which upstream's completion renderer lacks."""
+    """Completions only: media per prompt, which upstream's completion renderer lacks."""
 
     captured: list[tuple[Any, Any]] = field(default_factory=list)
     """(engine input, mm_payload) per rendered prompt, in order, appended by the capture."""

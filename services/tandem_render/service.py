@@ -99,7 +99,9 @@ class Renderer(Protocol):
 
     async def detokenize(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
-    def load_image(self, data: bytes, decoded: Any) -> Any: ...
+    def load_media(self, modality: str, data: bytes, decoded: Any) -> Any:
+        """Decode one item's vetted bytes as the chat route's parts of ``modality`` are."""
+        ...
 
     def check_video_bytes(self, data: bytes) -> int:
         """Refuse an out-of-bounds video from its header; else its sampled frames' bytes."""
@@ -289,20 +291,23 @@ class RenderService:
             body = decode_document(raw, Any, fmt)
             prepared = prepare_completion(body, self.limits, self.renderer.vocab_size)
             prompt_media = None
-            if prepared.images is not None:
-                flat = [r for refs in prepared.images if refs for r in refs]
-                prompts = [refs for refs in prepared.images if refs]
+            if prepared.media is not None:
+                flat = [r for refs in prepared.media if refs for r in refs]
+                prompts = [refs for refs in prepared.media if refs]
                 loaded = await self._load_all(flat, body, prompts, slot)
-                images = await asyncio.gather(
+                items = await asyncio.gather(
                     *(
-                        asyncio.to_thread(self.renderer.load_image, loaded[r.token], self.decoded)
+                        asyncio.to_thread(
+                            self.renderer.load_media, r.modality, loaded[r.token], self.decoded
+                        )
                         for r in flat
                     )
                 )
-                by_token = dict(zip((r.token for r in flat), images, strict=True))
+                by_token = dict(zip((r.token for r in flat), items, strict=True))
+                # vLLM's multi_modal_data: a list per modality, in the order of that
+                # modality's placeholders in the prompt.
                 prompt_media = [
-                    {"image": [by_token[r.token] for r in refs]} if refs else None
-                    for refs in prepared.images
+                    _by_modality(refs, by_token) if refs else None for refs in prepared.media
                 ]
             return await self.renderer.render_completion(
                 prepared.body, prompt_media, self._encoder(names)
@@ -375,6 +380,14 @@ class RenderService:
 
     def _account(self, route: str) -> _Accounting:
         return _Accounting(self.metrics, route)
+
+
+def _by_modality(refs: Sequence[MediaRef], items: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """A prompt's decoded items (``items`` by token) as a list per modality, in order."""
+    out: dict[str, list[Any]] = {}
+    for r in refs:
+        out.setdefault(r.modality, []).append(items[r.token])
+    return out
 
 
 def _fresh_id(result: GenerateRequest[Any], keeps_id: bool) -> GenerateRequest[Any]:

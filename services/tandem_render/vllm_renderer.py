@@ -45,6 +45,7 @@ from vllm.model_executor.models.qwen2_vl import Qwen2VLProcessingInfo
 from vllm.multimodal.media import ImageMediaIO, VideoMediaIO
 from vllm.renderers import renderer_from_config
 from vllm.renderers.online_renderer import OnlineRenderer
+from vllm.transformers_utils.processor import get_video_processor_cls_name
 from vllm.utils.async_utils import make_async
 from vllm.version import __version__ as VLLM_VERSION  # type: ignore[attr-defined]
 
@@ -62,13 +63,14 @@ from .inline import InlineExecutor
 from .media import AudioDecoding
 from .media_connector import (
     DecodedCache,
+    PrefetchedMediaConnector,
     VideoLimits,
     check_video_bytes,
     decode_media,
     decoded_size,
     register_connector,
 )
-from .prepare import ProcessorFacts
+from .prepare import MEDIA_URL_PREFIX, ProcessorFacts
 from .render_call import PromptMedia, RenderCall, bound, current
 from .settings import RenderSettings
 
@@ -103,7 +105,8 @@ class _CapturingServingRender(ServingRender):
 
 
 class _MediaOnlineRenderer(OnlineRenderer):
-    """Adds images per completion prompt (token ids or text), which upstream lacks."""
+    """Adds media per completion prompt (token ids or text), which upstream lacks: the
+    prompt's ``multi_modal_data``, as upstream's generate hands its processor."""
 
     async def render_completion(self, request: Any, *, skip_mm_cache: bool = False) -> Any:
         call = current()
@@ -206,10 +209,32 @@ class EngineRenderer:
             sample_rate=_audio_sample_rate(mm_processor),
         )
         self._token_rule = _image_token_rule(mm_processor)
+        # The connector vLLM's chat parser loads (the model's media_io_kwargs; it serves only
+        # the bytes a RenderCall names), for completion media decoded as chat parts are.
+        self._connector = PrefetchedMediaConnector(
+            media_io_kwargs=mm_config.media_io_kwargs if mm_config else None
+        )
+        self._video_processor = get_video_processor_cls_name(model_config)
 
     def load_image(self, data: bytes, decoded: DecodedCache | None = None) -> Any:
         """Decode with vLLM's own image IO, as the chat path does, so hashes agree."""
         return decode_media(ImageMediaIO(), data, decoded)
+
+    def load_media(self, modality: str, data: bytes, decoded: DecodedCache | None = None) -> Any:
+        """Decode one completion item's vetted bytes exactly as the chat route decodes a part
+        of ``modality``, so items and hashes agree: videos and audio clips through vLLM's own
+        fetch calls on the media connector (the model's video backend and media IO options,
+        the clip limits, resampling to the model's rate), which serve only these bytes."""
+        if modality == "image":
+            return self.load_image(data, decoded)
+        token = f"{MEDIA_URL_PREFIX}completion"
+        call = RenderCall(media={token: data}, decoded=decoded, audio=self.audio_decoding)
+        with bound(call):
+            if modality == "video":
+                return self._connector.fetch_video(token, video_processor=self._video_processor)
+            if modality == "audio":
+                return self._connector.fetch_audio(token)
+        raise ValueError(f"unknown modality {modality!r}")  # prepare.py makes none
 
     def check_video_bytes(self, data: bytes) -> int:
         """Refuse, from the container's header, a video that would cost too much to decode;

@@ -153,8 +153,66 @@ def test_completion_images_per_prompt():
         {"prompt": [[1, 2], [3]], "images": [["data:a", b"raw"], None]}, LIMITS, vocab_size=10
     )
     assert "images" not in prepared.body
-    assert [r.url or r.data for r in prepared.images[0]] == ["data:a", b"raw"]
-    assert prepared.images[1] is None
+    assert [r.url or r.data for r in prepared.media[0]] == ["data:a", b"raw"]
+    assert prepared.media[1] is None
+
+
+def test_completion_videos_and_audios_per_prompt_keep_each_modalitys_order():
+    body = {
+        "prompt": [[1, 2], [3], [4]],
+        "images": [["data:i"], None, None],
+        "videos": [["data:v"], None, [b"v2"]],
+        "audios": [[b"a1", {"url": "data:a2"}], None, None],
+    }
+    prepared = prepare_completion(body, LIMITS, vocab_size=10)
+    assert not {"images", "videos", "audios"} & set(prepared.body)
+    first, second, third = prepared.media
+    assert [(r.modality, r.url or r.data) for r in first] == [
+        ("image", "data:i"),
+        ("video", "data:v"),
+        ("audio", b"a1"),
+        ("audio", "data:a2"),
+    ]
+    assert second is None
+    assert [(r.modality, r.data) for r in third] == [("video", b"v2")]
+    tokens = [r.token for refs in (first, third) for r in refs]
+    assert len(set(tokens)) == len(tokens)  # each item names its own bytes
+
+
+@pytest.mark.parametrize("field", ["videos", "audios"])
+@pytest.mark.parametrize(
+    ("value", "param"),
+    [
+        (["data:a"], "{f}"),  # not one entry per prompt
+        ([["data:a"], None, None], "{f}"),
+        ("x", "{f}"),
+        ([3, None], "{f}"),
+        ([[3], None], "{f}[0][0]"),
+        ([[{"uuid": "x"}], None], "{f}[0][0]"),
+        ([[""], None], "{f}[0][0]"),
+    ],
+)
+def test_completion_videos_and_audios_must_parallel_prompts(field, value, param):
+    with pytest.raises(BadRequest) as caught:
+        prepare_completion({"prompt": [[1], [2]], field: value}, LIMITS, vocab_size=10)
+    assert caught.value.param == param.format(f=field)
+
+
+def test_completion_too_many_videos_or_audios_in_one_prompt():
+    limits = RequestLimits(
+        max_images=2,
+        max_videos=1,
+        max_audios=2,
+        mm_kwargs_allowlist=frozenset(),
+        max_kwargs_pixels=1,
+    )
+    prepare_completion({"prompt": [[1], [2]], "videos": [["a"], ["b"]]}, limits, vocab_size=10)
+    for field, items, words in (
+        ("videos", ["a", "b"], "2 videos"),
+        ("audios", [b"a"] * 3, "3 audio"),
+    ):
+        with pytest.raises(TooManyItems, match=words):
+            prepare_completion({"prompt": [1], field: [items]}, limits, vocab_size=10)
 
 
 @pytest.mark.parametrize(
