@@ -38,7 +38,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
-from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
 from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMValidationError
@@ -280,10 +280,19 @@ class _ResponsesEngine(_Engine):
         outputs = _Outputs(self.answers, gen, None)
         if sampling_params.output_kind == RequestOutputKind.FINAL_ONLY:
             result = await hops.whole(request_id, sampling)
+            if len(result.choices) != 1:  # vLLM's Responses serving reads exactly one
+                raise UpstreamError(f"generate answered {len(result.choices)} choices, not 1")
             yield outputs.request_output(result.choices, None, whole=result)
             return
+        finished = False
         async for event in hops.events(request_id, sampling):
-            yield outputs.request_output(_choices(event), None)
+            choices = _choices(event)
+            if not choices:
+                continue  # (a usage chunk: vLLM's serving counts the tokens itself)
+            finished = any(c.finish_reason is not None for c in choices)
+            yield outputs.request_output(choices, None)
+        if not finished:
+            raise UpstreamError("generate's stream ended before its answer did")
 
 
 def _generate_sampling(params: SamplingParams) -> dict[str, Any]:
@@ -432,6 +441,7 @@ class VllmAnswers:
         for name in ("vllm_xargs", "kv_transfer_params", "ec_transfer_params"):
             if getattr(request, name, None):
                 raise BadRequest(f"{name} is not served on the door's Responses route", param=name)
+        self._check_writable(request)
         token = _HOPS.set(hops)
         try:
             answer = await serving.create_responses(request)
@@ -442,6 +452,17 @@ class VllmAnswers:
         finally:
             _HOPS.reset(token)
         return _written(answer)
+
+    def _check_writable(self, request: ResponsesRequest) -> None:
+        """A request whose fields vLLM's answer cannot carry (``background: null`` and the
+        like: its request model takes them, its response model does not) is refused before
+        anything runs, rather than failing once generated."""
+        try:
+            ResponsesResponse.from_request(
+                request, SamplingParams(), model_name="", created_time=0, output=[], status="queued"
+            )
+        except ValidationError as exc:
+            raise BadRequest(_first_error(exc)) from None
 
     async def retrieve_response(
         self, response_id: str, starting_after: int | None, stream: bool
@@ -979,3 +1000,7 @@ def _validated(model: Any, body: dict[str, Any]) -> Any:
         raise BadRequest(_first_error(exc)) from None
     except VLLMValidationError as exc:
         raise BadRequest(str(exc.args[0] if exc.args else exc)[:300], param=exc.parameter) from None
+    except (TypeError, KeyError, AttributeError, IndexError) as exc:
+        # A validator of vLLM's that did not expect this value (pydantic wraps only
+        # ValueError and AssertionError): still the body's fault.
+        raise BadRequest(f"the body is not valid: {exc}"[:300]) from None

@@ -23,6 +23,7 @@ from .test_front_answers import (
     Recorded,
     RenderRefusing,
     ended,
+    ids,
     sse,
     streamed,
     whole,
@@ -148,6 +149,10 @@ async def test_a_generate_refusal_is_an_http_answer_streamed_or_not(plain, strea
     [
         ({"input": 5}, "input"),
         ({"input": "hi", "kv_transfer_params": {"x": 1}}, "kv_transfer_params"),
+        # vLLM's validators and its answer's model: values that would fail past validation.
+        ({"input": "hi", "tools": 0}, "body is not valid"),
+        ({"input": "hi", "background": None}, "background"),
+        ({"input": "hi", "truncation": None}, "truncation"),
     ],
 )
 async def test_a_body_the_door_refuses_is_a_typed_400_before_render(plain, body, param):
@@ -233,3 +238,14 @@ def test_a_store_split_across_door_workers_is_warned_of(model_dir, caplog, monke
     with caplog.at_level("WARNING", logger="tandem_front.vllm_answers"):
         VllmAnswers(door_settings(model_dir, workers=2))
     assert "found only by the worker that made it" in caplog.text
+
+
+async def test_a_generate_answer_vllm_cannot_read_is_the_nodes_fault(plain, tokenizer):
+    # No choice at all (whole), or a stream that ends before its answer did: a 502.
+    (r,) = await call(plain, Pair(whole()), ("POST", "/v1/responses", ASK))
+    assert (r.status_code, r.json()["error"]["type"]) == (502, "upstream_error")
+    cut = Pair(streamed([{"index": 0, "token_ids": ids(tokenizer, "hel")}]))
+    (r,) = await call(plain, cut, ("POST", "/v1/responses", {**ASK, "stream": True}))
+    assert r.status_code == 200  # the stream had begun
+    *_, error, done = [e for e in r.text.split("\n\n") if e]
+    assert '"upstream_error"' in error and done == "data: [DONE]", r.text[-400:]
