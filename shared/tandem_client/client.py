@@ -54,7 +54,7 @@ from .errors import (
     TransportError,
     error_from_response,
 )
-from .media import ImageLike, image_source
+from .media import ImageLike, MediaLike, image_source, media_source
 from .rollout import RolloutResult, rollout
 from .routing import ROUTE_KEY_HEADER, RoundRobin, affinity_key
 from .weights import write_safetensors
@@ -338,18 +338,27 @@ class AsyncTandemClient:
         prompt: str | list[int] | list[str] | list[list[int]],
         *,
         images: Sequence[Sequence[ImageLike] | None] | None = None,
+        videos: Sequence[Sequence[MediaLike] | None] | None = None,
+        audios: Sequence[Sequence[MediaLike] | None] | None = None,
         model: str | None = None,
         **fields: Any,
     ) -> list[GenerateRequest[Any]]:
-        """Render prompts given as text or token ids (never re-tokenized), with ``images``: one
-        list of images (or None) per prompt."""
+        """Render prompts given as text or token ids (never re-tokenized), with ``images``,
+        ``videos`` and ``audios``: each one list (or None) per prompt, whose items follow
+        that modality's placeholders in the prompt (videos and clips as bytes or URLs)."""
         body: dict[str, Any] = {"model": model or self.model, "prompt": prompt, **fields}
+        binary = self.fmt is WireFormat.MSGPACK
         if images is not None:
-            binary = self.fmt is WireFormat.MSGPACK
             body["images"] = [
                 None if imgs is None else [image_source(i, binary=binary) for i in imgs]
                 for imgs in images
             ]
+        for name, given in (("videos", videos), ("audios", audios)):
+            if given is not None:
+                body[name] = [
+                    None if items is None else [media_source(i, binary=binary) for i in items]
+                    for items in given
+                ]
         url = f"{self.render_nodes.pick()}/v1/completions/render"
         r = await self._post(
             url, self._encode(_drop_none(body)), extra_headers=self._render_headers

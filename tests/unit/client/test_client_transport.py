@@ -24,7 +24,7 @@ from tandem_client import (
     TransportError,
 )
 from tandem_client.errors import error_from_response
-from tandem_client.media import image_source
+from tandem_client.media import image_source, media_source
 from tandem_client.routing import RoundRobin, rendezvous
 from tandem_wire import (
     GenerateChoice,
@@ -331,6 +331,45 @@ def test_image_sources():
     assert image_source(b"raw", binary=True) == b"raw"
     assert image_source(b"raw", binary=False) == "data:image/png;base64,cmF3"
     assert image_source(img, binary=True).startswith(b"\x89PNG")
+
+
+def test_media_sources():
+    assert media_source("https://x/v.mp4", binary=False) == "https://x/v.mp4"
+    assert media_source(memoryview(b"raw"), binary=True) == b"raw"
+    assert media_source(b"raw", binary=False) == "data:application/octet-stream;base64,cmF3"
+    with pytest.raises(TypeError):
+        media_source(3, binary=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+async def test_render_completion_sends_videos_and_audios_per_prompt(binary):
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        body = encode_document([image_request()] * 2, WireFormat.JSON)
+        return httpx.Response(200, content=body, headers=JSON)
+
+    async with client_with(handler, binary=binary) as client:
+        answers = await client.render_completion(
+            [[1, 2], [3]],
+            images=[["https://x/i.png"], None],
+            videos=[[b"mp4"], None],
+            audios=[None, ["https://x/a.wav", b"wav"]],
+        )
+    assert len(answers) == 2
+    (request,) = seen
+    assert request.url.path == "/v1/completions/render"
+    body = msgspec.msgpack.decode(request.content) if binary else json.loads(request.content)
+
+    def sent(data: bytes) -> bytes | str:  # raw in msgpack, a data URL in JSON
+        if binary:
+            return data
+        return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+
+    assert body["images"] == [["https://x/i.png"], None]
+    assert body["videos"] == [[sent(b"mp4")], None]
+    assert body["audios"] == [None, ["https://x/a.wav", sent(b"wav")]]
 
 
 def test_sync_face():
