@@ -101,7 +101,8 @@ async def rollout(
     }
     # Render resolves them (vLLM's own to_sampling_params: max_tokens clamped to the room
     # left) and writes every one generate must read; generate takes its document as it is.
-    sampling = {k: v for k, v in sampling.items() if v is not None}
+    # Typed loosely: they are sampling fields, never render_completion's media arguments.
+    sampling_fields: dict[str, Any] = {k: v for k, v in sampling.items() if v is not None}
     bar = _progress(len(prompts), progress)
 
     async def one_batch(start: int) -> list[tuple[list[int], GenerateResponse]]:
@@ -112,7 +113,7 @@ async def rollout(
             images=None if images is None else images[start:stop],
             model=model,
             mm_processor_kwargs=mm_processor_kwargs,
-            **sampling,
+            **sampling_fields,
         )
         answers = await asyncio.gather(*(client.generate(r) for r in requests))
         bar.update(len(batch))
