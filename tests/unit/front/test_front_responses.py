@@ -6,6 +6,7 @@ its events; refusals of either hop pass unchanged; the store, retrieve and cance
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -249,3 +250,36 @@ async def test_a_generate_answer_vllm_cannot_read_is_the_nodes_fault(plain, toke
     assert r.status_code == 200  # the stream had begun
     *_, error, done = [e for e in r.text.split("\n\n") if e]
     assert '"upstream_error"' in error and done == "data: [DONE]", r.text[-400:]
+
+
+async def test_a_background_response_runs_on_after_its_request_and_can_be_cancelled(
+    stored, tokenizer
+):
+    """With the store on: a background response is answered ``queued`` at once and runs in
+    the door worker; retrieve shows it, cancel stops it (vLLM's own bookkeeping)."""
+    release = asyncio.Event()
+
+    class Held(Pair):
+        """Generate answers only once ``release`` is set."""
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.host != "r1" and request.method == "POST":
+                await release.wait()
+            return await super().handle_async_request(request)
+
+    t = Held(whole({"index": 0, "token_ids": ended(tokenizer, "done"), "finish_reason": "stop"}))
+    app = create_app(door_settings("m"), stored, t)
+    async with app_client(app) as c:
+        first = (await c.post("/v1/responses", json={**ASK, "background": True})).json()
+        second = (await c.post("/v1/responses", json={**ASK, "background": True})).json()
+        assert first["status"] == second["status"] == "queued"
+        cancelled = await c.post(f"/v1/responses/{first['id']}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        release.set()
+        for _ in range(1000):  # the second runs to its end in the background
+            answer = (await c.get(f"/v1/responses/{second['id']}")).json()
+            if answer["status"] == "completed":
+                break
+            await asyncio.sleep(0.01)
+        assert text_of(answer) == "done"
+        assert (await c.get(f"/v1/responses/{first['id']}")).json()["status"] == "cancelled"
