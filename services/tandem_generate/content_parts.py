@@ -10,16 +10,18 @@ re-tokenized). A part of any other type is skipped there.
 
 This node never runs the HF processor, so it asks the render node named by
 ``--content-parts-render-url`` to do exactly that step: render's ``/v1/completions/render``
-takes a token prompt and its images, fetches them under render's media policy (allowlist,
-no private or loopback addresses, byte caps; ``tandem_render.media``) and answers the
-expanded token ids and the features, in msgpack with the model's wire transforms, through
-``tandem_client`` (the one client of render's routes). The request then proceeds exactly as
-if the caller had sent those ids and features. Render's refusals reach the caller with
-render's status and type; a render node out of reach is a 503.
+takes a token prompt and its media (our ``images``, ``videos`` and ``audios`` fields), fetches
+them under render's media policy (allowlist, no private or loopback addresses, byte caps,
+the video and clip limits; ``tandem_render.media``) and answers the expanded token ids and
+the features, in msgpack with the model's wire transforms, through ``tandem_client`` (the one
+client of render's routes). The request then proceeds exactly as if the caller had sent
+those ids and features. Render's refusals reach the caller with render's status and type; a
+render node out of reach is a 503.
 
-Only ``image_url`` parts are served so far (render's completion route takes images only):
-``video_url`` and ``audio_url`` parts, and parts of other types, are refused with a 400.
-A part's ``uuid`` (upstream names the item by it in its caches) is not used: an item's
+vLLM's ``multi_modal_data`` is a list per modality, each matched in order to that modality's
+placeholders, so the parts keep their order within each modality (how modalities interleave
+is the token ids' business). Parts of other types are refused with a 400 (upstream skips
+them). A part's ``uuid`` (upstream names the item by it in its caches) is not used: an item's
 identity here is its content id, derived from its bytes.
 """
 
@@ -38,55 +40,53 @@ from tandem_wire import GenerateRequest, ItemBytes, error_types
 from .errors import RenderFailed, RenderRefused, RenderUnavailable
 from .settings import GenerateSettings
 
-__all__ = ["RENDER_URL_FLAG", "ContentPartsResolver", "content_part_urls"]
+__all__ = ["RENDER_URL_FLAG", "ContentPartsResolver", "content_part_media"]
 
 RENDER_URL_FLAG = "--content-parts-render-url"
 """The command-line flag that names the render node (named in the refusal without one)."""
 
-_NOT_YET = ("video_url", "audio_url")
+_MODALITIES = {"image_url": "image", "video_url": "video", "audio_url": "audio"}
+"""The part types served, and the modality each is."""
 
 
-def content_part_urls(parts: Sequence[Any], max_items: int) -> list[str]:
-    """The image URLs of ``parts``, in order; any part this node cannot serve is a 400 naming
-    it (``param`` ``content_parts[i]``), before anything is fetched."""
+def content_part_media(parts: Sequence[Any], max_items: int) -> dict[str, list[str]]:
+    """The URLs of ``parts`` by modality (``image``, ``video``, ``audio``), each modality's in
+    the order of its parts; any part this node cannot serve is a 400 naming it (``param``
+    ``content_parts[i]``), and more parts in all than ``max_items`` a 400, before anything
+    is fetched."""
     if len(parts) > max_items:
         raise TooManyItems(
             f"{len(parts)} content parts in one request; the limit is {max_items}",
             param="content_parts",
         )
-    urls = []
+    media: dict[str, list[str]] = {}
     for i, part in enumerate(parts):
         where = f"content_parts[{i}]"
         if not isinstance(part, dict):
             raise BadRequest(f"{where} must be an object", param=where)
         kind = part.get("type")
-        if kind in _NOT_YET:
-            raise BadRequest(
-                f"{where}: {kind} parts are not served through content_parts yet (only "
-                "image_url); render the request and send its features",
-                param=where,
-            )
-        if kind != "image_url":
+        modality = _MODALITIES.get(kind) if isinstance(kind, str) else None
+        if modality is None:
             shown = repr(kind)[:40]
             raise BadRequest(
-                f"{where}: unsupported part type {shown}; content_parts take image_url parts "
-                "(the prompt's text belongs in token_ids)",
+                f"{where}: unsupported part type {shown}; content_parts take image_url, "
+                "video_url and audio_url parts (the prompt's text belongs in token_ids)",
                 param=where,
             )
         url = part.get("url")
-        nested = part.get("image_url")  # OpenAI's shape of the same part
+        nested = part.get(kind)  # OpenAI's shape of the same part ({"video_url": {"url"}})
         if nested is not None and url is not None:
             raise BadRequest(f"{where}: give the URL once, as url", param=where)
         if isinstance(nested, dict):
             url = nested.get("url")
         if not isinstance(url, str) or not url:
             raise BadRequest(
-                f"{where}: an image_url part needs its url, a non-empty string (items are "
+                f"{where}: a {kind} part needs its url, a non-empty string (items are "
                 "not referenced by uuid here)",
                 param=where,
             )
-        urls.append(url)
-    return urls
+        media.setdefault(modality, []).append(url)
+    return media
 
 
 class ContentPartsResolver:
@@ -127,11 +127,13 @@ class ContentPartsResolver:
         """``req`` with render's token ids and features in place of its ``content_parts``;
         ``charge`` is told the bytes of the items render answered (the request's admission
         slot: 429/413 when they do not fit)."""
-        urls = content_part_urls(req.content_parts or [], self.max_items)
+        media = content_part_media(req.content_parts or [], self.max_items)
         try:
             (rendered,) = await self._client.render_completion(
                 list(req.token_ids),
-                images=[urls],
+                images=_one_prompt(media.get("image")),
+                videos=_one_prompt(media.get("video")),
+                audios=_one_prompt(media.get("audio")),
                 # Only the prompt is rendered: sampling stays the caller's (checked here).
                 max_tokens=1,
                 cache_salt=req.cache_salt,
@@ -149,6 +151,11 @@ class ContentPartsResolver:
         return msgspec.structs.replace(
             req, token_ids=rendered.token_ids, features=feats, content_parts=None
         )
+
+
+def _one_prompt(urls: list[str] | None) -> list[list[str]] | None:
+    """A render completion field for our one prompt (None: no item of that modality)."""
+    return [urls] if urls else None
 
 
 def _from_render(exc: ServiceError, url: str) -> Exception:

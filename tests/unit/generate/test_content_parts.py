@@ -1,5 +1,5 @@
-"""``content_parts`` on generate: raw image URLs resolved by a render node (in-process here),
-then generated from exactly as if the caller had sent render's features."""
+"""``content_parts`` on generate: raw image and video URLs resolved by a render node
+(in-process here), then generated from exactly as if the caller had sent render's features."""
 
 from __future__ import annotations
 
@@ -17,21 +17,43 @@ from tandem_render.settings import RenderSettings
 from tandem_wire import GenerateRequest
 
 from ...support.asgi import HostRouter
-from ...support.images import data_url, png_bytes
+from ...support.images import data_url, mp4_bytes, png_bytes
 from .helpers import generate_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.engine]
 
 IMAGE_PAD = 1022
+VIDEO_PAD = 1023
 GENERATE = "/inference/v1/generate"
 # A Qwen2-VL chat prompt as token ids, one <|vision_start|><|image_pad|><|vision_end|> per image.
 ONE_IMAGE = [1017, 359, 261, 198, 1019, IMAGE_PAD, 1020, 82, 1018, 198, 1017, 436, 198]
 TWO_IMAGES = [1017, 359, 261, 198, 1019, IMAGE_PAD, 1020, 1019, IMAGE_PAD, 1020, 82, 1018, 198]
+# One <|vision_start|><|video_pad|><|vision_end|>; then an image before a video.
+ONE_VIDEO = [1017, 359, 261, 198, 1019, VIDEO_PAD, 1020, 82, 1018, 198, 1017, 436, 198]
+IMAGE_THEN_VIDEO = [
+    1017,
+    359,
+    261,
+    198,
+    1019,
+    IMAGE_PAD,
+    1020,
+    1019,
+    VIDEO_PAD,
+    1020,
+    82,
+    1018,
+    198,
+]
 SAMPLING = {"temperature": 0.0, "max_tokens": 6, "logprobs": 2}
 
 
 def image(seed: int) -> dict:
     return {"type": "image_url", "url": data_url(png_bytes(seed=seed))}
+
+
+def video(seed: int) -> dict:
+    return {"type": "video_url", "url": data_url(mp4_bytes(seed=seed), "video/mp4")}
 
 
 @dataclass
@@ -68,8 +90,12 @@ async def nodes(qwen2_engine, qwen2_renderer, qwen2_dir) -> AsyncIterator[Nodes]
 
 
 async def rendered(nodes: Nodes, prompt: list[int], parts: list[dict]) -> dict:
-    """Render's own answer (JSON) for this token prompt and these images."""
-    body = {"prompt": prompt, "images": [[p["url"] for p in parts]], "max_tokens": 1}
+    """Render's own answer (JSON) for this token prompt and these media (flat-url parts)."""
+    body: dict = {"prompt": prompt, "max_tokens": 1}
+    for kind, field in (("image_url", "images"), ("video_url", "videos")):
+        urls = [p["url"] for p in parts if p["type"] == kind]
+        if urls:
+            body[field] = [urls]
     r = await nodes.to_render.post("/v1/completions/render", json=body)
     assert r.status_code == 200, r.text[:500]
     (req,) = r.json()
@@ -127,6 +153,53 @@ async def test_content_parts_generate_as_render_features_do(nodes):
     assert tokens == want["choices"][0]["token_ids"]
 
 
+async def test_video_content_parts_generate_as_render_features_do(nodes):
+    direct = await rendered(nodes, ONE_VIDEO, [video(31)])
+    assert direct["token_ids"].count(VIDEO_PAD) > 1  # render expanded the placeholder
+    r = await nodes.generate.post(GENERATE, json={**direct, "sampling_params": SAMPLING})
+    assert r.status_code == 200, r.text[:500]
+    want = r.json()
+
+    body = {
+        "token_ids": ONE_VIDEO,
+        "content_parts": [video(31)],
+        "sampling_params": SAMPLING,
+        "return_token_ids": True,
+    }
+    r = await nodes.generate.post(GENERATE, json=body)
+    assert r.status_code == 200, r.text[:500]
+    got = r.json()
+    assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+    assert logprobs(got) == pytest.approx(logprobs(want), abs=1e-4)
+    assert got["prompt_token_ids"] == direct["token_ids"]
+    placeholders = direct["features"]["mm_placeholders"]["video"]
+    assert [(p["offset"], p["length"]) for p in got["mm_placeholders"]["video"]] == [
+        (p["offset"], p["length"]) for p in placeholders
+    ]
+
+    # The frames matter: another video is another prompt.
+    r = await nodes.generate.post(GENERATE, json={**body, "content_parts": [video(32)]})
+    assert r.status_code == 200, r.text[:500]
+    assert logprobs(r.json()) != pytest.approx(logprobs(want), abs=1e-4)
+
+    # An image and a video (OpenAI's nested shapes): each goes to its own modality's
+    # placeholder, as render places them.
+    parts = [image(33), video(31)]
+    direct = await rendered(nodes, IMAGE_THEN_VIDEO, parts)
+    r = await nodes.generate.post(GENERATE, json={**direct, "sampling_params": SAMPLING})
+    assert r.status_code == 200, r.text[:500]
+    want = r.json()
+    nested = [{"type": p["type"], p["type"]: {"url": p["url"]}} for p in parts[::-1]]
+    mixed = {**body, "token_ids": IMAGE_THEN_VIDEO, "content_parts": nested}
+    r = await nodes.generate.post(GENERATE, json=mixed)
+    assert r.status_code == 200, r.text[:500]
+    got = r.json()
+    assert got["prompt_token_ids"] == direct["token_ids"]
+    assert set(got["mm_placeholders"]) == {"image", "video"}
+    assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+    assert logprobs(got) == pytest.approx(logprobs(want), abs=1e-4)
+
+
 async def test_client_round_trip_with_content_parts(nodes):
     want = await nodes.generate.post(
         GENERATE,
@@ -181,11 +254,43 @@ HOSTILE = {
         "invalid_request",
         "content_parts[1]",
     ),
-    "video part": (
-        body_with(content_parts=[{"type": "video_url", "url": "data:video/mp4;base64,AA=="}]),
+    "input_audio part": (
+        body_with(content_parts=[{"type": "input_audio", "input_audio": {"data": "AA=="}}]),
         400,
         "invalid_request",
         "content_parts[0]",
+    ),
+    "video part without its url": (
+        body_with(content_parts=[{"type": "video_url", "video_url": {"uuid": "v"}}]),
+        400,
+        "invalid_request",
+        "content_parts[0]",
+    ),
+    "not a video": (
+        body_with(content_parts=[{"type": "video_url", "url": "data:video/mp4;base64,AA=="}]),
+        400,
+        "invalid_media",
+        "content_parts",
+    ),
+    "video at a loopback URL": (
+        body_with(content_parts=[{"type": "video_url", "url": "http://127.0.0.1:1/v.mp4"}]),
+        403,
+        "media_url_forbidden",
+        "content_parts",
+    ),
+    "audio at the cloud metadata URL": (
+        body_with(
+            content_parts=[{"type": "audio_url", "url": "http://169.254.169.254/latest/a.wav"}]
+        ),
+        403,
+        "media_url_forbidden",
+        "content_parts",
+    ),
+    "more videos than render takes": (
+        {**body_with(content_parts=[video(1), video(2)]), "token_ids": ONE_VIDEO},
+        400,
+        "too_many_items",
+        "content_parts",
     ),
     "more parts than items": (
         body_with(content_parts=[image(1)] * 33),
