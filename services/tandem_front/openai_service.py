@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
@@ -23,6 +23,7 @@ from starlette.responses import Response
 from tandem_client.routing import affinity_key
 from tandem_http import BadRequest, request_id_of, slot_of
 from tandem_wire import (
+    PROMPT_TOKENS_DETAILS_HEADER,
     SYSTEM_FINGERPRINT_HEADER,
     WEIGHT_VERSIONS_HEADER,
     WIRE_TRANSFORMS_HEADER,
@@ -181,6 +182,8 @@ class _Relayed:
 
     gen: GenerateRequest[Any]
     pieces: list[bytes | memoryview]
+    headers: dict[str, str] = field(default_factory=dict)
+    """Sent to generate besides the request's own (what the answer side asks of it)."""
 
 
 class _PassThrough(Exception):
@@ -392,6 +395,7 @@ class OpenAIService:
         plan: Plan | _Sampled,
         request_ids: list[str],
         many: bool,
+        stream_options: dict[str, Any] | None = None,
     ) -> list[_Relayed]:
         """Each rendered request as generate gets it, and as the answer side reads it.
 
@@ -412,7 +416,7 @@ class OpenAIService:
                 "request_id": request_id,
                 "sampling_params": plan.sampling(r.sampling_params),
                 "stream": plan.stream,
-                "stream_options": None,
+                "stream_options": stream_options,
                 "return_token_ids": False,
             }
             gen = msgspec.structs.replace(r, **changes)
@@ -432,7 +436,7 @@ class OpenAIService:
         body = HandedOver(relay.pieces)
         if slot is not None:
             slot.take(body.copied)  # its own pieces, held until a node has it
-        headers = self._headers(request, _MSGPACK)
+        headers = {**self._headers(request, _MSGPACK), **relay.headers}
         headers["content-length"] = str(body.length)
         try:
             node, response = await self.forwarder.open(
@@ -608,7 +612,11 @@ class _ResponsesTurn:
         raw, self._raw = self._raw, b""
         rendered = _decoded(decode_generate_request, raw)
         plan = _Sampled(sampling, stream)
-        relays = self.service._relays(raw, [rendered], plan, [request_id], False)
+        # The Responses API's usage counts the prefix-cache hits: generate is asked for them
+        # (streamed, in the usage chunk after the last token).
+        usage = {"include_usage": True} if stream else None
+        relays = self.service._relays(raw, [rendered], plan, [request_id], False, usage)
+        relays[0].headers[PROMPT_TOKENS_DETAILS_HEADER] = "true"
         held, raw = len(raw), b""
         ((node, response),) = await self.service._open_all(relays, self.request)
         relays.clear()

@@ -284,15 +284,33 @@ class _ResponsesEngine(_Engine):
                 raise UpstreamError(f"generate answered {len(result.choices)} choices, not 1")
             yield outputs.request_output(result.choices, None, whole=result)
             return
-        finished = False
+        # The last output waits for the usage chunk that follows it: the prefix-cache hits
+        # vLLM's Responses usage reads from the request's last output (the engine knows them
+        # from the first; generate tells them at the end).
+        last: RequestOutput | None = None
         async for event in hops.events(request_id, sampling):
             choices = _choices(event)
-            if not choices:
-                continue  # (a usage chunk: vLLM's serving counts the tokens itself)
-            finished = any(c.finish_reason is not None for c in choices)
-            yield outputs.request_output(choices, None)
-        if not finished:
+            if last is not None and not choices:  # the usage chunk
+                last.num_cached_tokens = _cached_tokens(event.get("usage"))
+                continue
+            output = outputs.request_output(choices, None)
+            if any(c.finish_reason is not None for c in choices):
+                last = output
+            elif choices:
+                yield output
+        if last is None:
             raise UpstreamError("generate's stream ended before its answer did")
+        yield last
+
+
+def _cached_tokens(usage: Any) -> int:
+    """The prefix-cache hits a generate answer's usage tells (0 when it tells none)."""
+    if isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details")
+    else:
+        details = getattr(usage, "prompt_tokens_details", None)
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
 
 
 def _generate_sampling(params: SamplingParams) -> dict[str, Any]:
@@ -620,6 +638,7 @@ class _Outputs:
             outputs=outputs,
             finished=whole is not None,
             kv_transfer_params=None if whole is None else whole.kv_transfer_params,
+            num_cached_tokens=None if whole is None else _cached_tokens(whole.usage),
         )
 
 

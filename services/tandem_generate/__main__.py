@@ -124,6 +124,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         help="honour the priority field of requests (otherwise every request runs at 0)",
     )
     ours.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="put the engine's prefix-cache hits in every answer's usage "
+        "(prompt_tokens_details.cached_tokens), as upstream's flag does",
+    )
+    ours.add_argument(
         "--item-cache-bytes",
         type=int,
         default=GenerateSettings.item_cache_bytes,
@@ -196,6 +202,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         body_min_rate=args.body_min_rate,
         item_cache_bytes=args.item_cache_bytes,
         allow_request_priority=args.allow_request_priority,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         pretouch_item_cache=args.pretouch_item_cache,
         structured_outputs=not args.disable_structured_outputs,
         max_structured_output_bytes=args.max_structured_output_bytes,

@@ -37,6 +37,7 @@ from tandem_http import (
 )
 from tandem_http.openapi import BodySchemas, install_openapi
 from tandem_wire import (
+    PROMPT_TOKENS_DETAILS_HEADER,
     SYSTEM_FINGERPRINT_HEADER,
     WireFormat,
     decode_document,
@@ -141,10 +142,11 @@ def create_app(
         req = await svc.resolve_content_parts(svc.decode(body, in_fmt, slot), slot)
         fingerprint = svc.engine.system_fingerprint
         headers = {SYSTEM_FINGERPRINT_HEADER: fingerprint} if fingerprint else None
+        cached = request.headers.get(PROMPT_TOKENS_DETAILS_HEADER, "").lower() == "true"
         if req.stream:
-            events = svc.stream(req, principal, slot)
+            events = svc.stream(req, principal, slot, cached)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        result = await svc.generate(req, request.is_disconnected, principal, slot)
+        result = await svc.generate(req, request.is_disconnected, principal, slot, cached)
         if result is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         return wire_response(result, out_fmt, headers=headers)

@@ -35,6 +35,7 @@ __all__ = [
     "prompt_logprobs",
     "full_response",
     "stream_choice",
+    "prompt_details",
     "usage_chunk",
     "weight_versions",
 ]
@@ -149,9 +150,11 @@ def full_response(
     echo_prompt: bool,
     placeholders: Any = None,
     text: Any = None,
+    cached_tokens: bool = False,
 ) -> GenerateResponse:
     """The non-streaming answer for a finished ``RequestOutput``; ``text``: the tokenizer of
-    a ``text``-mode answer (None: ``tokens`` mode)."""
+    a ``text``-mode answer (None: ``tokens`` mode); ``cached_tokens``: the usage tells the
+    engine's prefix-cache hits."""
     choices: list[Any] = []
     generated = 0
     for out in result.outputs:
@@ -172,7 +175,10 @@ def full_response(
         model=model,
         created=int(time.time()),
         usage=UsageInfo(
-            prompt_tokens=n_prompt, completion_tokens=generated, total_tokens=n_prompt + generated
+            prompt_tokens=n_prompt,
+            completion_tokens=generated,
+            total_tokens=n_prompt + generated,
+            prompt_tokens_details=prompt_details(result.num_cached_tokens, cached_tokens),
         ),
         prompt_logprobs=prompt_logprobs(result.prompt_logprobs),
         prompt_token_ids=list(result.prompt_token_ids) if echo_prompt else None,
@@ -211,7 +217,11 @@ def _choice_fields(out: Any, ids: list[int], top_n: int | None, text: Any) -> di
 
 
 def usage_chunk(
-    request_id: str, prompt_tokens: int, completion_tokens: int, text: bool = False
+    request_id: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    text: bool = False,
+    details: dict[str, Any] | None = None,
 ) -> GenerateStreamResponse:
     answer = GenerateTextStreamResponse if text else GenerateStreamResponse
     return answer(
@@ -221,5 +231,12 @@ def usage_chunk(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=details,
         ),
     )
+
+
+def prompt_details(num_cached_tokens: int | None, asked: bool) -> dict[str, Any] | None:
+    """``prompt_tokens_details`` as upstream writes it: when asked and the engine's prefix
+    cache covered some of the prompt."""
+    return {"cached_tokens": num_cached_tokens} if asked and num_cached_tokens else None

@@ -27,7 +27,7 @@ from .errors import EngineNotReady, UnsupportedSamplingParams
 from .inputs import InputBuilder
 from .item_store import ItemStore
 from .metrics import GenerateMetrics
-from .outputs import full_response, stream_choice, usage_chunk
+from .outputs import full_response, prompt_details, stream_choice, usage_chunk
 from .sampling import build_sampling_params, check_structured_outputs, default_max_tokens
 from .settings import GenerateSettings
 
@@ -189,10 +189,12 @@ class GenerateService:
         disconnected: Disconnected,
         principal: str = "",
         slot: Slot | None = None,
+        cached_tokens: bool = False,
     ) -> GenerateResponse | None:
         """Run to completion; None if the client went away (the engine request is aborted).
         ``principal`` is the API key the request came with (``tandem_http.principal_of``);
-        what its items allocate is charged to its admission ``slot`` before it is."""
+        what its items allocate is charged to its admission ``slot`` before it is;
+        ``cached_tokens``: the caller asked for the prefix-cache hits (see ``counts_cached``)."""
         params, inputs, top_n = self._prepare(req, principal, slot)
         start = time.perf_counter()
         engine_id = engine_request_id(req)
@@ -221,7 +223,13 @@ class GenerateService:
             echo_prompt=bool(req.return_token_ids),
             placeholders=req.features.mm_placeholders if req.features else None,
             text=self._text_tokenizer(req),
+            cached_tokens=self.counts_cached(cached_tokens),
         )
+
+    def counts_cached(self, asked: bool) -> bool:
+        """Whether an answer's usage tells the prefix-cache hits: on every answer with
+        ``--enable-prompt-tokens-details``, else when the caller asked."""
+        return asked or self.settings.enable_prompt_tokens_details
 
     def _text_tokenizer(self, req: GenerateRequest[Any]) -> Any:
         """The tokenizer of a ``text``-mode answer; None in ``tokens`` mode."""
@@ -232,16 +240,18 @@ class GenerateService:
         req: GenerateRequest[ItemBytes | None],
         principal: str = "",
         slot: Slot | None = None,
+        cached_tokens: bool = False,
     ) -> AsyncIterator[bytes]:
         """Check now (errors become proper HTTP answers); return the SSE body."""
         params, inputs, top_n = self._prepare(req, principal, slot)
-        return self._stream(req, params, inputs, top_n)
+        return self._stream(req, params, inputs, top_n, self.counts_cached(cached_tokens))
 
     async def _stream(
-        self, req: Any, params: Any, inputs: Any, top_n: int | None
+        self, req: Any, params: Any, inputs: Any, top_n: int | None, cached_tokens: bool
     ) -> AsyncIterator[bytes]:
         options = req.stream_options or {}
         prompt_tokens = len(inputs.token_ids)
+        cached: int | None = None
         generated = 0
         first = True
         finished = False
@@ -265,8 +275,12 @@ class GenerateService:
                 first = False
                 yield _sse(encode_document(chunk, WireFormat.JSON))
                 finished = res.finished
+                cached = res.num_cached_tokens if res.num_cached_tokens is not None else cached
             if options.get("include_usage"):
-                usage = usage_chunk(req.request_id, prompt_tokens, generated, text is not None)
+                details = prompt_details(cached, cached_tokens)
+                usage = usage_chunk(
+                    req.request_id, prompt_tokens, generated, text is not None, details
+                )
                 yield _sse(encode_document(usage, WireFormat.JSON))
             yield b"data: [DONE]\n\n"
             self.metrics.requests.labels("ok").inc()

@@ -86,6 +86,11 @@ class GenerateSettings:
     """Honour the ``priority`` a request sets (with ``--scheduling-policy priority`` a caller
     could otherwise put itself ahead of everyone); off: every request runs at priority 0."""
 
+    enable_prompt_tokens_details: bool = False
+    """Every answer's usage carries the engine's prefix-cache hits
+    (``prompt_tokens_details.cached_tokens``), as upstream's flag of that name does; off, only
+    a request that asks (``PROMPT_TOKENS_DETAILS_HEADER``) gets them."""
+
     item_cache_bytes: int = 1024 * 1024 * 1024
     """Bytes of decoded items kept for null ``kwargs_data`` entries (per tenant and hash). At
     most what start-up faults in (``tandem_http.memory.MAX_PRETOUCH``), so the process's RSS

@@ -23,6 +23,7 @@ __all__ = [
     "format_for_accept",
     "WIRE_TRANSFORMS_HEADER",
     "WEIGHT_VERSIONS_HEADER",
+    "PROMPT_TOKENS_DETAILS_HEADER",
     "ANY_WIRE_TRANSFORM",
     "BODY_CODING_HEADER",
     "accepted_wire_transforms",
@@ -96,6 +97,13 @@ WEIGHT_VERSIONS_HEADER = "x-tandem-weight-versions"
 ``/v1/completions``): ``true`` puts generate's ``weight_versions`` (``WeightVersionSpan``s over
 the choice's output tokens) on each choice of the answer, streamed on the chunk that finishes
 it. Absent (or anything else), the answer is ``vllm serve``'s, field for field."""
+
+PROMPT_TOKENS_DETAILS_HEADER = "x-tandem-prompt-tokens-details"
+"""Request header to generate's ``/inference/v1/generate``: ``true`` puts the engine's
+prefix-cache hits in the answer's usage (``prompt_tokens_details.cached_tokens``, when there
+are any; streamed, in the usage chunk ``stream_options.include_usage`` asks for), as every
+answer of a node started with ``--enable-prompt-tokens-details`` (upstream's flag) has them.
+The front door asks it for the Responses API, whose usage always counts them."""
 
 ANY_WIRE_TRANSFORM = "*"
 """In ``WIRE_TRANSFORMS_HEADER``: every transform the render node has for its model (those

@@ -145,3 +145,22 @@ def test_refusals_answer_as_vllm_serve(fleet, front_door):
     for answer in both("POST", "/v1/responses", {"model": model, "input": 5}):
         assert answer.status_code == 400
         assert isinstance(answer.json()["error"]["type"], str)
+
+
+def test_usage_counts_the_prefix_cache_hits_as_vllm_serve(fleet, front_door):
+    """The same image prompt twice: the second's prompt is in the prefix cache on both (the
+    door's image affinity sends it to the node that holds it), and both count it."""
+    model, _ = fleet
+    image = {"type": "input_image", "image_url": data_url(png_bytes(96, 64, seed=29))}
+    text = {"type": "input_text", "text": "Describe it. " * 150}  # past a cache block or two
+    body = {
+        "model": model,
+        "input": [{"role": "user", "content": [image, text]}],
+        "max_output_tokens": 4,
+        "temperature": 0.0,
+    }
+    for client in clients(fleet, front_door):
+        first = client.responses.create(**body)
+        again = client.responses.create(**body)
+        cached = again.usage.input_tokens_details.cached_tokens
+        assert 0 < cached < again.usage.input_tokens, (first.usage, again.usage)

@@ -156,6 +156,7 @@ def test_wire_public_api_is_pinned():
             "UnsupportedWireTransform",
             "UsageInfo",
             "WEIGHT_VERSIONS_HEADER",
+            "PROMPT_TOKENS_DETAILS_HEADER",
             "WIRE_DTYPES",
             "WIRE_TRANSFORMS_HEADER",
             "WeightVersionSpan",

@@ -7,6 +7,7 @@ its events; refusals of either hop pass unchanged; the store, retrieve and cance
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from typing import Any
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from tandem_front.app import create_app
+from tandem_wire import PROMPT_TOKENS_DETAILS_HEADER
 from tests.support.asgi import app_client
 
 from .conftest import door_settings
@@ -29,6 +31,7 @@ from .test_front_answers import (
     streamed,
     whole,
 )
+from .test_front_proxy_failures import _Stream
 
 pytestmark = pytest.mark.anyio
 
@@ -283,3 +286,52 @@ async def test_a_background_response_runs_on_after_its_request_and_can_be_cancel
             await asyncio.sleep(0.01)
         assert text_of(answer) == "done"
         assert (await c.get(f"/v1/responses/{first['id']}")).json()["status"] == "cancelled"
+
+
+class Asked(Pair):
+    """``Pair``, with the headers and bodies of the generate requests."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.headers: list[httpx.Headers] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host != "r1" and request.method == "POST":
+            self.headers.append(request.headers)
+        return await super().handle_async_request(request)
+
+
+def with_usage(tokens: list[int], cached: int) -> Any:
+    """A generate stream: one event per token, then the usage chunk telling ``cached``."""
+
+    async def source() -> Any:
+        for k, token in enumerate(tokens):
+            end = "stop" if k == len(tokens) - 1 else None
+            choice = {"index": 0, "token_ids": [token], "finish_reason": end}
+            yield b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+        usage = {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": cached}}
+        yield b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    def answer(gen: dict[str, Any]) -> httpx.Response:
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=_Stream(source()))
+
+    return answer
+
+
+async def test_usage_counts_the_prefix_cache_hits_generate_tells(plain, tokenizer):
+    tokens = ended(tokenizer, "hi there")
+    details = {"prompt_tokens_details": {"cached_tokens": 16}}
+    t = Asked(whole({"index": 0, "token_ids": tokens, "finish_reason": "stop"}, usage=details))
+    (r,) = await call(plain, t, ("POST", "/v1/responses", ASK))
+    assert r.json()["usage"]["input_tokens_details"]["cached_tokens"] == 16
+    t = Asked(with_usage(tokens, 32))
+    (r,) = await call(plain, t, ("POST", "/v1/responses", {**ASK, "stream": True}))
+    *_, (kind, last) = sse(r.content)
+    assert kind == "response.completed", r.text[-300:]
+    assert last["response"]["usage"]["input_tokens_details"]["cached_tokens"] == 32
+    assert text_of(last["response"]) == "hi there"
+    # Generate was asked for them (streamed: in the usage chunk).
+    assert t.headers[0][PROMPT_TOKENS_DETAILS_HEADER] == "true"
+    assert t.generated[0]["stream_options"] == {"include_usage": True}

@@ -308,3 +308,33 @@ async def test_text_mode_answers_the_engines_text_and_decoded_logprobs(
     chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
     assert all(ch["output_mode"] == "text" for ch in chunks)
     assert "".join(c["text"] for ch in chunks for c in ch["choices"]) == choice["text"]
+
+
+@pytest.mark.parametrize("flag", [False, True])
+async def test_usage_tells_the_prefix_cache_hits_when_asked(qwen2_engine, qwen2_dir, flag):
+    """As upstream's ``--enable-prompt-tokens-details``: the engine's own count of prompt
+    tokens its prefix cache covered, whole and in the usage chunk; or only for a request that
+    asks (``PROMPT_TOKENS_DETAILS_HEADER``, what the door asks for the Responses API)."""
+    from tandem_wire import PROMPT_TOKENS_DETAILS_HEADER, GenerateRequest
+
+    app = generate_app(qwen2_engine, qwen2_dir, enable_prompt_tokens_details=flag)
+    prompt = [20 + (7 * i + (3 if flag else 0)) % 900 for i in range(600)]
+    req = GenerateRequest(token_ids=prompt, sampling_params=dict(GREEDY))
+    asked = {"content-type": "application/json", PROMPT_TOKENS_DETAILS_HEADER: "true"}
+    body = encode_generate_request(req, WireFormat.JSON)
+    streamed = msgspec.structs.replace(req, stream=True, stream_options={"include_usage": True})
+    async with app_client(app) as c:
+        await post(c, req)  # the prompt is now in the prefix cache
+        plain = (await post(c, req))["usage"]
+        told = (await c.post("/inference/v1/generate", content=body, headers=asked)).json()
+        async with c.stream(
+            "POST",
+            "/inference/v1/generate",
+            content=msgspec.json.encode(_json_doc(streamed)),
+            headers=asked,
+        ) as r:
+            lines = [ln async for ln in r.aiter_lines() if ln.startswith("data: {")]
+    cached = told["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < len(prompt)  # whole blocks of it; the last token is always computed
+    assert json.loads(lines[-1][6:])["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}
+    assert plain["prompt_tokens_details"] == ({"cached_tokens": cached} if flag else None)
