@@ -59,6 +59,7 @@ from tandem_http import BadRequest
 from tandem_vllm.derender import model_registry, online_options
 from tandem_vllm.sampling import sampling_params_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
+from tandem_vllm.validation import VALIDATOR_SLIPS, first_error
 from tandem_wire import ChoiceLogprobs, GenerateRequest, GenerateResponse, WeightVersionSpan
 
 from .errors import UpstreamError
@@ -480,7 +481,7 @@ class VllmAnswers:
                 request, SamplingParams(), model_name="", created_time=0, output=[], status="queued"
             )
         except ValidationError as exc:
-            raise BadRequest(_first_error(exc)) from None
+            raise BadRequest(first_error(exc)) from None
 
     async def retrieve_response(
         self, response_id: str, starting_after: int | None, stream: bool
@@ -946,15 +947,6 @@ def _json(document: Any) -> bytes:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return "the request is not valid"
-    first = errors[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"{where}: {first.get('msg')}"[:300] if where else str(first.get("msg"))[:300]
-
-
 class _MessagesPlan:
     """``/v1/messages``: the chat request vLLM's Messages serving makes of the body, answered
     as the chat route answers it, then turned into a Messages answer by that serving (whole,
@@ -1016,10 +1008,8 @@ def _validated(model: Any, body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise BadRequest(_first_error(exc)) from None
+        raise BadRequest(first_error(exc)) from None
     except VLLMValidationError as exc:
         raise BadRequest(str(exc.args[0] if exc.args else exc)[:300], param=exc.parameter) from None
-    except (TypeError, KeyError, AttributeError, IndexError) as exc:
-        # A validator of vLLM's that did not expect this value (pydantic wraps only
-        # ValueError and AssertionError): still the body's fault.
+    except VALIDATOR_SLIPS as exc:
         raise BadRequest(f"the body is not valid: {exc}"[:300]) from None

@@ -55,6 +55,7 @@ from tandem_vllm.derender import model_registry, online_options, serving_derende
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
 from tandem_vllm.requests import UpstreamGenerateRequest, generate_request_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
+from tandem_vllm.validation import VALIDATOR_SLIPS, first_error
 from tandem_vllm.wire_transforms import wire_transforms_for
 from tandem_wire import GenerateRequest, TandemHTTPError, named_by_content
 
@@ -563,14 +564,12 @@ def _validate(model: Any, body: dict[str, Any]) -> Any:
         raise _client_error(_first_arg(exc)) from None
     except ValidationError as exc:
         raise _invalid(exc) from None
+    except VALIDATOR_SLIPS as exc:
+        raise BadRequest(f"the body is not valid: {exc}"[:300]) from None
 
 
 def _invalid(exc: ValidationError) -> BadRequest:
-    errors = exc.errors()
-    if not errors:
-        return BadRequest("invalid request")
-    where = ".".join(str(p) for p in errors[0]["loc"])
-    return BadRequest(f"{where}: {errors[0]['msg']}"[:300])
+    return BadRequest(first_error(exc))
 
 
 async def _in_call(call: RenderCall, upstream: Awaitable[Any]) -> Any:

@@ -9,4 +9,5 @@ Every conversion between the wire and vLLM lives here:
 - ``sampling``: ``SamplingParams`` <-> the wire's ``sampling_params``; ``max_tokens`` defaults.
 - ``prompts``: checked wire inputs -> the engine prompt.
 - ``upstream_names``: the vLLM internals the services rely on, checked at start-up.
+- ``validation``: which failures of vLLM's request models are the caller's body's.
 """

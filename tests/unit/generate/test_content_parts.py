@@ -106,17 +106,19 @@ def logprobs(answer: dict) -> list[float]:
     return [e["logprob"] for e in answer["choices"][0]["logprobs"]["content"]]
 
 
-async def test_content_parts_generate_as_render_features_do(nodes):
-    parts = [image(11), image(12)]
-    direct = await rendered(nodes, TWO_IMAGES, parts)
-    assert direct["token_ids"].count(IMAGE_PAD) > 2  # render expanded the placeholders
-    direct = {**direct, "sampling_params": SAMPLING}
-    r = await nodes.generate.post(GENERATE, json=direct)
+async def as_render_features(
+    nodes: Nodes, prompt: list[int], parts: list[dict], modality: str
+) -> tuple[dict, dict]:
+    """Generate's answer to ``prompt`` with ``parts`` as content_parts, asserted equal to its
+    answer to render's own features for them (tokens, logprobs, the expanded prompt and the
+    ``modality`` placeholders): that answer, and the content_parts body."""
+    direct = await rendered(nodes, prompt, parts)
+    assert direct["token_ids"] != prompt  # render expanded the placeholders
+    r = await nodes.generate.post(GENERATE, json={**direct, "sampling_params": SAMPLING})
     assert r.status_code == 200, r.text[:500]
     want = r.json()
-
     body = {
-        "token_ids": TWO_IMAGES,
+        "token_ids": prompt,
         "content_parts": parts,
         "sampling_params": SAMPLING,
         "return_token_ids": True,
@@ -128,10 +130,16 @@ async def test_content_parts_generate_as_render_features_do(nodes):
     assert logprobs(got) == pytest.approx(logprobs(want), abs=1e-4)
     # The engine saw render's expanded prompt and its placeholders.
     assert got["prompt_token_ids"] == direct["token_ids"]
-    placeholders = direct["features"]["mm_placeholders"]["image"]
-    assert [(p["offset"], p["length"]) for p in got["mm_placeholders"]["image"]] == [
+    placeholders = direct["features"]["mm_placeholders"][modality]
+    assert [(p["offset"], p["length"]) for p in got["mm_placeholders"][modality]] == [
         (p["offset"], p["length"]) for p in placeholders
     ]
+    return want, body
+
+
+async def test_content_parts_generate_as_render_features_do(nodes):
+    parts = [image(11), image(12)]
+    want, body = await as_render_features(nodes, TWO_IMAGES, parts, "image")
 
     # The pixels matter: the same prompt with the images swapped is another prompt.
     swapped = {**body, "content_parts": parts[::-1]}
@@ -154,28 +162,7 @@ async def test_content_parts_generate_as_render_features_do(nodes):
 
 
 async def test_video_content_parts_generate_as_render_features_do(nodes):
-    direct = await rendered(nodes, ONE_VIDEO, [video(31)])
-    assert direct["token_ids"].count(VIDEO_PAD) > 1  # render expanded the placeholder
-    r = await nodes.generate.post(GENERATE, json={**direct, "sampling_params": SAMPLING})
-    assert r.status_code == 200, r.text[:500]
-    want = r.json()
-
-    body = {
-        "token_ids": ONE_VIDEO,
-        "content_parts": [video(31)],
-        "sampling_params": SAMPLING,
-        "return_token_ids": True,
-    }
-    r = await nodes.generate.post(GENERATE, json=body)
-    assert r.status_code == 200, r.text[:500]
-    got = r.json()
-    assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
-    assert logprobs(got) == pytest.approx(logprobs(want), abs=1e-4)
-    assert got["prompt_token_ids"] == direct["token_ids"]
-    placeholders = direct["features"]["mm_placeholders"]["video"]
-    assert [(p["offset"], p["length"]) for p in got["mm_placeholders"]["video"]] == [
-        (p["offset"], p["length"]) for p in placeholders
-    ]
+    want, body = await as_render_features(nodes, ONE_VIDEO, [video(31)], "video")
 
     # The frames matter: another video is another prompt.
     r = await nodes.generate.post(GENERATE, json={**body, "content_parts": [video(32)]})

@@ -244,6 +244,17 @@ def bad_cases(model: str) -> list[tuple[str, str, object, int, str]]:
             "invalid_request",
         ),
         (
+            # vLLM's validator calls .get() on it (an AttributeError pydantic does not wrap).
+            "derender: structured_outputs not an object",
+            CHAT_DERENDER,
+            {
+                **whole(model, [5, 6, 7]),
+                "chat_request": {**chat_request(model), "structured_outputs": True},
+            },
+            400,
+            "invalid_request",
+        ),
+        (
             "messages: unknown model",
             MESSAGES,
             {"model": "other", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
