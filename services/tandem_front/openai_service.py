@@ -580,12 +580,14 @@ class _ResponsesTurn:
         self.background = background
         self.opened = False
         self._raw = b""
+        self._rendered: GenerateRequest[Any] | None = None
         self._answers: list[tuple[Node, httpx.Response]] = []
 
     async def render(self, chat_body: bytes) -> list[int]:
         path = "/v1/chat/completions/render"
         self._raw = await self.service._render(path, chat_body, self.request)
-        return list(_decoded(decode_generate_request, self._raw).token_ids)
+        self._rendered = _decoded(decode_generate_request, self._raw)  # read once
+        return list(self._rendered.token_ids)
 
     async def whole(self, request_id: str, sampling: dict[str, Any]) -> GenerateResponse:
         node, response = await self._open(request_id, sampling, stream=False)
@@ -610,7 +612,9 @@ class _ResponsesTurn:
         self, request_id: str, sampling: dict[str, Any], stream: bool
     ) -> tuple[Node, httpx.Response]:
         raw, self._raw = self._raw, b""
-        rendered = _decoded(decode_generate_request, raw)
+        rendered, self._rendered = self._rendered, None
+        if rendered is None:  # vLLM generates only what it rendered first
+            raise RuntimeError("a Responses generate hop without its render hop")
         plan = _Sampled(sampling, stream)
         # The Responses API's usage counts the prefix-cache hits: generate is asked for them
         # (streamed, in the usage chunk after the last token).
