@@ -1,4 +1,5 @@
-"""Build tiny random-weight Qwen vision- and audio-language models offline and deterministically."""
+"""Build tiny random-weight vision- and audio-language models offline and deterministically
+(the Qwen models here, the other families in ``tools.tiny_families``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
+
+from tools.tiny_families import FAMILIES, builder, module_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
@@ -221,6 +224,8 @@ SPECS: dict[str, dict[str, Any]] = {
 MODELS: tuple[str, ...] = tuple(SPECS)
 AUDIO_MODELS: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s.get("audio"))
 VISION_MODELS: tuple[str, ...] = tuple(n for n in MODELS if n not in AUDIO_MODELS)
+# Every name `ensure_model` builds: the Qwen models above and the other families.
+ALL_MODELS: tuple[str, ...] = MODELS + tuple(FAMILIES)
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -228,9 +233,13 @@ MERGE = 2
 TEMPORAL_PATCH = 2
 
 
-def fingerprint() -> str:
-    """Hash of everything that decides the output bytes: this file and the building libraries."""
+def fingerprint(name: str | None = None) -> str:
+    """Hash of everything that decides model ``name``'s bytes: this file (plus a family's
+    builder and the builders' shared module) and the building libraries."""
     h = hashlib.sha256(Path(__file__).read_bytes())
+    if name in FAMILIES:
+        h.update((Path(__file__).parent / "tiny_families" / "common.py").read_bytes())
+        h.update(module_path(name).read_bytes())
     for dist in ("transformers", "tokenizers", "torch", "safetensors"):
         h.update(f"{dist}=={importlib.metadata.version(dist)}\n".encode())
     return h.hexdigest()
@@ -248,7 +257,9 @@ def _chat_template(name: str) -> str:
     return AUDIO_CHAT_TEMPLATE if SPECS[name].get("audio") else CHAT_TEMPLATE
 
 
-def _train_tokenizer(specials: tuple[str, ...]) -> Any:
+def train_tokenizer(specials: tuple[str, ...], vocab_size: int = VOCAB_SIZE) -> Any:
+    """The byte-level BPE of every tiny model, trained on the local corpus, with ``specials``
+    as its last ``len(specials)`` ids."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
@@ -262,7 +273,7 @@ def _train_tokenizer(specials: tuple[str, ...]) -> Any:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    bpe_size = VOCAB_SIZE - len(specials)
+    bpe_size = vocab_size - len(specials)
     trainer = BpeTrainer(
         vocab_size=bpe_size,
         min_frequency=1,
@@ -279,7 +290,7 @@ def _train_tokenizer(specials: tuple[str, ...]) -> Any:
 
 def _tokenizer_files(out: Path, name: str) -> dict[str, int]:
     specials = _special_tokens(name)
-    tok = _train_tokenizer(specials)
+    tok = train_tokenizer(specials)
     ids = {t: tok.token_to_id(t) for t in specials}
     # tokenizers writes the vocabulary in id order and merges in rank order: stable bytes.
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
@@ -512,8 +523,12 @@ def _model_config(name: str, ids: dict[str, int]) -> PreTrainedConfig:
 
 def build_model(name: str, out_dir: Path) -> None:
     """Write model `name` (weights, config, tokenizer, processor files) into `out_dir`."""
+    if name in FAMILIES:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        builder(name)(Path(out_dir))
+        return
     if name not in SPECS:
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(ALL_MODELS)}")
     import torch
     from transformers import AutoModelForImageTextToText, AutoModelForMultimodalLM, GenerationConfig
     from transformers.utils import logging as hf_logging
@@ -588,11 +603,11 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 def ensure_model(name: str = "qwen2-vl", root: Path | None = None, *, force: bool = False) -> Path:
     """Return the folder of model `name` under `root`, building it first if missing or stale."""
-    if name not in SPECS:
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    if name not in ALL_MODELS:
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(ALL_MODELS)}")
     root = Path(root) if root is not None else cache_root()
     target = root / name
-    digest = fingerprint()
+    digest = fingerprint(name)
     if not force and _is_current(target, digest):
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -625,16 +640,16 @@ def ensure_model(name: str = "qwen2-vl", root: Path | None = None, *, force: boo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", help=f"any of {list(MODELS)} (default: all)")
+    parser.add_argument("names", nargs="*", help=f"any of {list(ALL_MODELS)} (default: all)")
     parser.add_argument(
         "--out", type=Path, help=f"cache root (default ${CACHE_ENV} or .cache/models)"
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
-    names = args.names or list(MODELS)
+    names = args.names or list(ALL_MODELS)
     for name in names:
-        if name not in SPECS:
-            parser.error(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+        if name not in ALL_MODELS:
+            parser.error(f"unknown model {name!r}; choose from {', '.join(ALL_MODELS)}")
     for name in names:
         print(ensure_model(name, args.out, force=args.force), flush=True)
     return 0
