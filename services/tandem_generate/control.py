@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pydantic
 from vllm.config import VllmConfig
 from vllm.distributed.weight_transfer.base import (
@@ -63,25 +64,37 @@ _SECRET_NAME = re.compile(
     re.IGNORECASE,
 )
 """Config fields that hold a secret (``ModelConfig.hf_token``, a key in a connector's config)."""
-_OPAQUE_CONFIGS = frozenset({"kv_connector_extra_config", "ec_connector_extra_config"})
-"""Free-form connector settings: whatever they hold may be a credential."""
+_OPAQUE_NAME = re.compile(r"_extra_config$")
+"""Free-form settings (``model_loader_extra_config``, ``kv_connector_extra_config``...):
+whatever they hold may be a credential (an object store's keys), in whatever shape (a loader's
+config object is dumped as its ``repr``)."""
+_LOADER_OR_CONNECTOR = frozenset({"load_config", "kv_transfer_config", "ec_transfer_config"})
+"""Sections configuring a loader or connector: every dict-valued field in them is opaque too."""
 REDACTED = "<redacted>"
 
 
-def scrubbed(value: Any) -> Any:
+def scrubbed(value: Any, opaque_dicts: bool = False) -> Any:
     """A JSON config dump with every secret replaced by ``REDACTED`` (a field named like one,
-    and the free-form connector settings whole): ``/server_info`` answers any inference key,
-    and vLLM itself serves its config only in dev mode."""
+    free-form settings whole, and any dict-valued field of a loader's or connector's section):
+    ``/server_info`` answers any inference key, and vLLM itself serves its config only in dev
+    mode."""
     if isinstance(value, dict):
-        return {
-            k: REDACTED
-            if v not in (None, {}, "") and (k in _OPAQUE_CONFIGS or _SECRET_NAME.search(str(k)))
-            else scrubbed(v)
-            for k, v in value.items()
-        }
+        return {k: _scrubbed_field(str(k), v, opaque_dicts) for k, v in value.items()}
     if isinstance(value, list):
         return [scrubbed(v) for v in value]
     return value
+
+
+def _scrubbed_field(name: str, value: Any, opaque_dicts: bool) -> Any:
+    if value in (None, {}, ""):
+        return value
+    if (
+        _OPAQUE_NAME.search(name)
+        or _SECRET_NAME.search(name)
+        or (opaque_dicts and isinstance(value, dict))
+    ):
+        return REDACTED
+    return scrubbed(value, name in _LOADER_OR_CONNECTOR)
 
 
 RESET_ATTEMPTS = 5
@@ -292,7 +305,9 @@ class EngineControl:
         (``tandem_wire.control.WeightInfo``)."""
         label = str(await self.llm.get_weight_version())
         ready = self.backend == BACKEND or (self.backend is not None and self._transfer_ready)
-        return self.ledger.info(label, WeightTransferState(self.backend, ready))
+        info = self.ledger.info(label, WeightTransferState(self.backend, ready))
+        # A node that missed a /resume must get no requests: they would wait for one.
+        return msgspec.structs.replace(info, paused=await self.is_paused())
 
     def world_size(self, include_dp: bool) -> int:
         pc = self.engine.vllm_config.parallel_config

@@ -404,3 +404,36 @@ def test_secrets_and_connector_settings_are_redacted_wherever_they_sit():
         "speculative_config": None,
         "cache_config": {"secret_unset": None},
     }
+
+
+def test_loader_and_connector_configs_are_opaque_whatever_their_shape():
+    """A loader's extra config may hold an object store's credentials under any name, or be a
+    config object (dumped as its repr); a dict-valued field of a loader or connector section
+    is opaque too. Plain settings stay readable."""
+    from tandem_generate.control import REDACTED, scrubbed
+
+    dump = {
+        "load_config": {
+            "load_format": "tensorizer",
+            "model_loader_extra_config": {"s3_endpoint": "e", "bucket_keys": {"id": "k"}},
+            "pt_load_map_location": {"cuda:1": "cuda:0"},
+            "ignore_patterns": ["*.pt"],
+        },
+        "kv_transfer_config": {"kv_connector": "LMCache", "kv_port": 1, "settings": {"x": "y"}},
+        "ec_transfer_config": {"ec_connector_extra_config": "Config(uri='s3://k:s@b')"},
+        "model_config": {"hf_overrides": {"architectures": ["X"]}},
+    }
+    assert scrubbed(dump) == {
+        "load_config": {
+            "load_format": "tensorizer",
+            "model_loader_extra_config": REDACTED,
+            "pt_load_map_location": REDACTED,
+            "ignore_patterns": ["*.pt"],
+        },
+        "kv_transfer_config": {"kv_connector": "LMCache", "kv_port": 1, "settings": REDACTED},
+        "ec_transfer_config": {"ec_connector_extra_config": REDACTED},
+        "model_config": {"hf_overrides": {"architectures": ["X"]}},
+    }
+    # A loader config object, dumped as its repr (vLLM's ``fallback=str``), is opaque whole.
+    tensorizer = {"load_config": {"model_loader_extra_config": "TensorizerConfig(s3_key='k')"}}
+    assert scrubbed(tensorizer) == {"load_config": {"model_loader_extra_config": REDACTED}}
