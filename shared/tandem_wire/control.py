@@ -108,6 +108,9 @@ class WeightInfo(Struct):
     """With ``partial_load``: how many checkpoint tensors are still to be written before the
     node is clean again (null: unknown, the checkpoint's names cannot be read)."""
     weight_transfer: WeightTransferState
+    paused: bool | None = None
+    """The engine is paused (``/pause``, or a finish's own freeze): new requests wait until it
+    resumes, so a router sends it none while another node may serve (null: not told)."""
 
 
 class InitWeightTransferRequest(Struct, forbid_unknown_fields=True):
