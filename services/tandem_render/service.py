@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,6 +34,7 @@ from .prepare import (
     prepare_responses,
 )
 from .settings import RenderSettings
+from .tasks import all_or_none, in_thread
 
 __all__ = ["Renderer", "RenderService"]
 
@@ -295,13 +295,9 @@ class RenderService:
                 flat = [r for refs in prepared.media if refs for r in refs]
                 prompts = [refs for refs in prepared.media if refs]
                 loaded = await self._load_all(flat, body, prompts, slot)
-                items = await asyncio.gather(
-                    *(
-                        asyncio.to_thread(
-                            self.renderer.load_media, r.modality, loaded[r.token], self.decoded
-                        )
-                        for r in flat
-                    )
+                items = await all_or_none(
+                    in_thread(self.renderer.load_media, r.modality, loaded[r.token], self.decoded)
+                    for r in flat
                 )
                 by_token = dict(zip((r.token for r in flat), items, strict=True))
                 # vLLM's multi_modal_data: a list per modality, in the order of that
@@ -341,7 +337,7 @@ class RenderService:
         (from their headers) before any is decoded: refused 429 (413) when the process's
         byte budget has no room for them now (ever)."""
         charge = slot.take if slot is not None else None
-        loaded = await asyncio.gather(*(self._load(r, charge) for r in refs))
+        loaded = await all_or_none(self._load(r, charge) for r in refs)
         sizes = {r.token: size for r, (_, size) in zip(refs, loaded, strict=True)}
         check_decoded_budget(list(sizes.values()), self.request_budget)
         if slot is not None:

@@ -3,13 +3,13 @@ checks."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import httpx
 from PIL import Image
 
 from ..errors import MediaSchemeNotAllowed
+from ..tasks import in_thread
 from .audio import AudioHeader, check_audio_bytes
 from .checks import check_image_bytes, open_image
 from .fetch import Charge, HttpFetcher, Resolver
@@ -55,7 +55,7 @@ class MediaLoader:
             root = self.policy.allowed_local_media_path
             if root is None:
                 raise MediaSchemeNotAllowed("file: media URLs are not enabled on this server")
-            data = await asyncio.to_thread(read_file, url, root, limit)
+            data = await in_thread(read_file, url, root, limit)
             if charge is not None:
                 charge(len(data))
             return data
