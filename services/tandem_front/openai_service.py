@@ -226,10 +226,12 @@ class OpenAIService:
         try:
             raw = await self._render("/v1/completions/render", body, request)
             rid = f"cmpl-{new_request_id()}"
-            rendered_list = _decoded(decode_generate_requests, raw)
-            ids = [f"{rid}-{i}" for i in range(len(rendered_list))]
-            relays = self._relays(raw, rendered_list, plan, ids, True)
-            rendered, raw = len(raw), b""
+            # As on the chat path, nothing named keeps render's answer past ``_relays``: the
+            # rendered requests' items are views into it (see ``_slim``).
+            prompts = _decoded(decode_generate_requests, raw)
+            ids = [f"{rid}-{i}" for i in range(len(prompts))]
+            relays = self._relays(raw, prompts, plan, ids, True)
+            rendered, raw, prompts = len(raw), b"", []
             return await self._answer(request, self._model(doc), plan, relays, rid, rendered)
         except _PassThrough as refused:
             return refused.response

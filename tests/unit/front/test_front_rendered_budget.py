@@ -5,7 +5,9 @@ ids kept) once generate has the request, streams included."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import tracemalloc
 from collections.abc import AsyncIterator
 
 import httpx
@@ -18,7 +20,7 @@ from starlette.routing import Route
 
 from tandem_front.app import create_app
 from tandem_front.proxy import _read_capped
-from tandem_wire import GenerateRequest, PayloadTooLarge
+from tandem_wire import GenerateRequest, MultiModalFeatures, PayloadTooLarge
 from tests.support.asgi import AsgiCall, app_client
 
 from .test_front_proxy_failures import CHAT, Texts, _rendered, _Stream, _token_event
@@ -47,7 +49,8 @@ class Fleet(httpx.AsyncBaseTransport):
             return await self.render.handle_async_request(request)
         if request.method == "GET":
             return httpx.Response(404)
-        self.generate_bodies.append(len(await request.aread()))
+        # Counted as it streams by (``aread`` would keep a copy on the door's request).
+        self.generate_bodies.append(sum([len(piece) async for piece in request.stream]))  # type: ignore[union-attr]
         return httpx.Response(
             200, headers={"content-type": "text/event-stream"}, stream=_Stream(self._events())
         )
@@ -104,6 +107,74 @@ async def test_once_generate_has_the_request_the_stream_holds_only_the_callers_r
         fleet.go.set()
         await asyncio.wait_for(call.task, 10)
         assert await held(c) == 0
+
+
+ITEM = 16 * 1024 * 1024
+
+
+class ItemFleet(Fleet):
+    """``Fleet`` whose render answers completions, each prompt with one ITEM-byte image item
+    (decoded as a view into render's answer), and whose generate answers whole once ``go``
+    is set (``asked`` is set when it has read a request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+
+        async def render(request: Request) -> Response:
+            features = MultiModalFeatures(
+                mm_hashes={"image": ["h" * 16]},
+                mm_placeholders={"image": [{"offset": 0, "length": 1}]},
+                kwargs_data={"image": [bytes(ITEM)]},
+            )
+            rendered = GenerateRequest(
+                token_ids=[1, 2], features=features, sampling_params={"max_tokens": 1}
+            )
+            return _rendered([rendered])
+
+        app = Starlette(routes=[Route("/v1/completions/render", render, methods=["POST"])])
+        self.render = httpx.ASGITransport(app=app)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == "r1" or request.method == "GET":
+            return await super().handle_async_request(request)
+        self.generate_bodies.append(sum([len(piece) async for piece in request.stream]))  # type: ignore[union-attr]
+        headers = {"content-type": "application/json"}
+        return httpx.Response(200, headers=headers, stream=_Stream(self._whole()))
+
+    async def _whole(self) -> AsyncIterator[bytes]:
+        """The whole answer's body, sent once ``go`` is set (``asked``: the door reads it)."""
+        self.asked.set()
+        await self.go.wait()
+        choice = {"index": 0, "token_ids": [5], "finish_reason": "length"}
+        yield msgspec.json.encode({"request_id": "x", "choices": [choice]})
+
+
+async def test_a_whole_completion_keeps_none_of_renders_answer_while_it_generates():
+    # Before, the rendered requests (their items views into render's answer) stayed named
+    # until the whole answer was read and written: its charge was given back once generate
+    # answered, its bytes were not.
+    fleet = ItemFleet()
+    app = create_app(
+        settings(render_urls=("http://r1",), generate_urls=("http://g1",)), Texts(), fleet
+    )
+    body = msgspec.json.encode({"model": "m", "prompt": "hi"})
+    tracemalloc.start()
+    try:
+        async with app_client(app) as c:
+            call = AsgiCall(
+                app, "POST", "/v1/completions", body, {"content-length": str(len(body))}
+            )
+            await asyncio.wait_for(fleet.asked.wait(), 10)  # generate answered; read now
+            assert fleet.generate_bodies[0] > ITEM  # generate has the item
+            assert await held(c) == 2 * len(body)  # render's answer no longer charged
+            gc.collect()
+            held_now, _ = tracemalloc.get_traced_memory()
+            fleet.go.set()
+            assert await call.status() == 200
+    finally:
+        tracemalloc.stop()
+    assert held_now < ITEM // 2, held_now
 
 
 class _Ledger:
