@@ -25,10 +25,12 @@ from tandem_wire import (
     FieldElem,
     FlatLayout,
     GenerateRequest,
+    InvalidDocument,
     ItemBytes,
     KwargsItem,
     MultiModalFeatures,
     PlaceholderRange,
+    check_placeholder_embeds,
     content_id,
     decode_item,
 )
@@ -192,6 +194,7 @@ class InputBuilder:
                 f"{count} item(s) sent as null are not held by this node; resend their data",
                 details={"missing": missing},
             )
+        _check_embeds_disjoint(out.placeholders)
         return out
 
     def _parse(self, entry: ItemBytes, modality: str) -> _Sent:
@@ -309,6 +312,15 @@ class InputBuilder:
         # Computed from the tokens rather than trusted: upstream render does not send it.
         is_embed = None if bool(mask.all()) else mask.tolist()
         return PlaceholderRange(offset=p.offset, length=p.length, is_embed=is_embed)
+
+
+def _check_embeds_disjoint(placeholders: dict[str, list[PlaceholderRange]]) -> None:
+    """The wire's rule again, now that every range's embed positions are known from the
+    tokens (upstream render sends no ``is_embed``)."""
+    try:
+        check_placeholder_embeds([p for ranges in placeholders.values() for p in ranges])
+    except InvalidDocument as exc:
+        raise InvalidPlaceholders(exc.message) from None
 
 
 def expected_embeds(wire: KwargsItem, spec: ModalitySpec, modality: str) -> int | None:

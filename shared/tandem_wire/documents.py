@@ -12,7 +12,7 @@ import pybase64
 from .codec import b64decode_item_bytes
 from .errors import InvalidDocument, MalformedBase64, MalformedBody, PayloadTooLarge
 from .limits import DEFAULT_LIMITS, DecodeLimits
-from .protocol import GenerateRequest
+from .protocol import GenerateRequest, PlaceholderRange
 
 __all__ = [
     "JSON_CONTENT_TYPE",
@@ -214,7 +214,7 @@ def check_features(req: GenerateRequest[Any]) -> None:
     """Model-independent checks of ``features`` (upstream's validators, plus ``is_embed``).
 
     Same modalities everywhere, lists parallel to ``mm_hashes``, placeholders inside
-    ``token_ids``, globally sorted and non-overlapping, ``is_embed`` as long as its range.
+    ``token_ids`` whose embed positions never overlap, ``is_embed`` as long as its range.
     """
     feats = req.features
     if feats is None:
@@ -228,7 +228,7 @@ def check_features(req: GenerateRequest[Any]) -> None:
         if entries is not None and set(entries) != modalities:
             raise InvalidDocument(f"{name} must use the same modalities as mm_hashes")
     n_tokens = len(req.token_ids)
-    ranges: list[tuple[int, int]] = []
+    ranges: list[PlaceholderRange] = []
     for modality in modalities:
         count = len(feats.mm_hashes[modality])
         if len(feats.mm_placeholders[modality]) != count:
@@ -244,11 +244,40 @@ def check_features(req: GenerateRequest[Any]) -> None:
                 raise InvalidDocument("mm_placeholders must remain within the token_ids sequence")
             if p.is_embed is not None and len(p.is_embed) != p.length:
                 raise InvalidDocument("is_embed must have one flag per placeholder token")
-            ranges.append((p.offset, p.offset + p.length))
-    ranges.sort()
-    for (_, end), (next_start, _) in zip(ranges, ranges[1:], strict=False):
-        if next_start < end:
-            raise InvalidDocument("mm_placeholders must be globally non-overlapping")
+            ranges.append(p)
+    # Upstream render sends no is_embed: where it is missing the model decides (generate
+    # checks again with the masks it computes from the tokens).
+    check_placeholder_embeds(ranges, missing_mask_means_all=False)
+
+
+def check_placeholder_embeds(
+    ranges: list[PlaceholderRange], *, missing_mask_means_all: bool = True
+) -> None:
+    """Placeholders may touch and share tokens that are no embed position of either (Gemma 3
+    merges the ``\\n\\n`` around adjacent images into one token both ranges cover), as vLLM's
+    engine takes them; an embed position claimed twice, or a range inside another, is refused.
+    A range without ``is_embed`` counts as all embeds when ``missing_mask_means_all``, else as
+    unknown (refused nothing but containment).
+
+    Sorted by offset, the ranges' ends never decrease, so any overlap of two ranges lies within
+    the overlaps of neighbours: checking neighbours checks every pair.
+    """
+    ranges = sorted(ranges, key=lambda p: (p.offset, p.offset + p.length))
+    for a, b in zip(ranges, ranges[1:], strict=False):
+        a_end, b_end = a.offset + a.length, b.offset + b.length
+        if b.offset >= a_end:
+            continue
+        if b_end < a_end:
+            raise InvalidDocument("mm_placeholders must not contain one another")
+        if any(_embeds_in(p, b.offset, a_end, missing_mask_means_all) for p in (a, b)):
+            raise InvalidDocument("mm_placeholders must not share embed positions")
+
+
+def _embeds_in(p: PlaceholderRange, start: int, end: int, missing_mask_means_all: bool) -> bool:
+    """Whether any of ``p``'s embed positions lies in ``[start, end)``."""
+    if p.is_embed is None:
+        return missing_mask_means_all
+    return any(p.is_embed[start - p.offset : end - p.offset])
 
 
 def decode_generate_request(

@@ -87,7 +87,8 @@ class MultiModalFeatures(Struct, Generic[ItemT]):
     of the media and processor kwargs where render sends no bytes."""
 
     mm_placeholders: dict[str, list[PlaceholderRange]]
-    """Placeholder ranges in ``token_ids``, globally sorted and non-overlapping."""
+    """Placeholder ranges in ``token_ids``; ranges may share tokens that are no embed position
+    of either, embed positions never overlap."""
 
     kwargs_data: dict[str, list[ItemT]] | None = None
     """The processor outputs of each item: a msgpack-encoded kwargs item (see ``codec``),

@@ -165,6 +165,7 @@ def test_wire_public_api_is_pinned():
             "accepted_wire_transforms",
             "b64decode_item_bytes",
             "check_features",
+            "check_placeholder_embeds",
             "decode_document",
             "decode_generate_request",
             "decode_generate_requests",

@@ -498,6 +498,24 @@ async def test_limit_mm_per_prompt_is_enforced_by_the_service(
         assert r.status_code == 200, r.text
 
 
+async def test_two_items_on_one_placeholder_run_are_refused(
+    qwen2_engine, qwen2_renderer, qwen2_dir
+):
+    # Upstream render sends no is_embed, so the wire leaves overlapping ranges to the model:
+    # here every embed position of the run would feed two items. Placeholders may share only
+    # tokens that are no embed position of either (Gemma 3's adjacent images).
+    two = await render(qwen2_renderer, qwen2_dir, [35, 35], **GREEDY)
+    first = two.features.mm_placeholders["image"][0]
+    assert first.is_embed is None
+    same_run = _with_ranges(two, [first, first])
+    app = generate_app(qwen2_engine, qwen2_dir, max_body_bytes=8_000_000)
+    async with app_client(app) as c:
+        err = await post(c, same_run, expect=400)
+        assert err["error"]["type"] == "invalid_placeholders", err
+        assert "share embed positions" in err["error"]["message"]
+        assert len(tokens(await post(c, two))) == 8
+
+
 async def test_held_items_are_scoped_by_api_key_too(qwen2_engine, qwen2_renderer, qwen2_dir):
     # cache_salt is caller-chosen: with API keys configured, another key naming the same salt
     # and content id still resolves nothing of the first key's.

@@ -26,6 +26,7 @@ from tandem_wire import (
     PlaceholderRange,
     UsageInfo,
     WireFormat,
+    check_placeholder_embeds,
     decode_document,
     decode_generate_request,
     decode_generate_requests,
@@ -156,17 +157,48 @@ def test_bad_documents(name, body, err):
     assert len(info.value.message) < 400
 
 
-def test_overlapping_placeholders_across_modalities():
+def _two_ranges(image, video):
     doc = json.loads(_doc())
     doc["token_ids"] = [1] * 10
     doc["features"]["mm_hashes"] = {"image": ["a"], "video": ["b"]}
-    doc["features"]["mm_placeholders"] = {
-        "image": [{"offset": 2, "length": 4}],
-        "video": [{"offset": 5, "length": 2}],
-    }
+    doc["features"]["mm_placeholders"] = {"image": [image], "video": [video]}
     doc["features"]["kwargs_data"] = None
-    with pytest.raises(InvalidDocument, match="non-overlapping"):
-        decode_generate_request(json.dumps(doc).encode(), WireFormat.JSON)
+    return json.dumps(doc).encode()
+
+
+def test_placeholders_sharing_an_embed_position_are_refused():
+    body = _two_ranges(
+        {"offset": 2, "length": 4, "is_embed": [False, True, True, True]},
+        {"offset": 5, "length": 2, "is_embed": [True, False]},
+    )
+    with pytest.raises(InvalidDocument, match="share embed positions"):
+        decode_generate_request(body, WireFormat.JSON)
+
+
+def test_placeholders_may_share_a_token_that_is_no_embed_of_either():
+    # Gemma 3's two adjacent images: the "\n\n" token that closes one opens the next.
+    body = _two_ranges(
+        {"offset": 2, "length": 4, "is_embed": [False, True, True, False]},
+        {"offset": 5, "length": 3, "is_embed": [False, True, False]},
+    )
+    req = decode_generate_request(body, WireFormat.JSON)
+    assert [p.offset for p in req.features.mm_placeholders["video"]] == [5]
+
+
+def test_overlapping_ranges_without_masks_are_left_to_the_model():
+    # Upstream render sends no is_embed: generate decides from the tokens.
+    body = _two_ranges({"offset": 2, "length": 4}, {"offset": 5, "length": 2})
+    decode_generate_request(body, WireFormat.JSON)
+    with pytest.raises(InvalidDocument, match="share embed positions"):
+        check_placeholder_embeds(
+            [PlaceholderRange(offset=2, length=4), PlaceholderRange(offset=5, length=2)]
+        )
+
+
+def test_a_range_inside_another_is_refused():
+    body = _two_ranges({"offset": 1, "length": 6}, {"offset": 2, "length": 2})
+    with pytest.raises(InvalidDocument, match="contain one another"):
+        decode_generate_request(body, WireFormat.JSON)
 
 
 def test_msgpack_entry_must_be_bin():
