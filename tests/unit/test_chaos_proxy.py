@@ -1,0 +1,129 @@
+"""The nemesis's TCP proxy (tools/chaos_proxy.py) against a small HTTP server: what it lets
+through, holds, loses, cuts and refuses is what the node behind it receives."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tools.chaos_proxy import FaultProxy
+
+pytestmark = pytest.mark.anyio
+
+
+class Node:
+    """A stand-in node: answers every whole request (head, then Content-Length bytes) with
+    ``ok``, and keeps what it received whole."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(
+            self._serve, "127.0.0.1", self.port, reuse_address=True
+        )
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+                body = await reader.readexactly(length)
+                self.received.append(head + body)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def request(path: str, body: bytes) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nhost: n\r\ncontent-length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+async def send(port: int, data: bytes, wait_s: float = 5.0) -> bytes:
+    """What comes back on a new connection (b"" when it is closed without an answer)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(1000), wait_s)
+    except ConnectionError:
+        return b""
+    finally:
+        writer.close()
+
+
+@pytest.fixture
+async def pair():
+    node = Node()
+    await node.start()
+    proxy = FaultProxy("n", node.port)
+    await proxy.start()
+    yield node, proxy
+    await proxy.close()
+    await node.stop()
+
+
+async def test_bytes_pass_and_request_ids_are_recorded(pair):
+    node, proxy = pair
+    body = b'{"request_id": "chq0000042"}'
+    assert (await send(proxy.port, request("/inference/v1/generate", body))).endswith(b"ok")
+    assert node.received == [request("/inference/v1/generate", body)]
+    assert [rid for _, rid in proxy.seen] == ["chq0000042"]
+
+
+async def test_a_cut_request_never_reaches_the_node_and_only_the_next_one_is_cut(pair):
+    node, proxy = pair
+    proxy.cut_next("/update_weights")
+    chunk = request("/update_weights", b'{"update_info": {"path": "A-head.safetensors"}}')
+    assert await send(proxy.port, chunk) == b""  # the caller gets no answer
+    await asyncio.sleep(0.1)
+    assert node.received == []
+    assert [path for _, path in proxy.cuts] == ["/update_weights"]
+    assert (await send(proxy.port, chunk)).endswith(b"ok")
+    assert node.received == [chunk]
+
+
+async def test_a_black_hole_holds_bytes_then_delivers_them_late_or_loses_them(pair):
+    node, proxy = pair
+    proxy.black_hole()
+    late = asyncio.ensure_future(send(proxy.port, request("/a", b"1")))
+    also_late = asyncio.ensure_future(send(proxy.port, request("/b", b"2")))
+    await asyncio.sleep(0.5)
+    assert not late.done() and node.received == []
+    proxy.heal()
+    assert (await late).endswith(b"ok") and (await also_late).endswith(b"ok")
+    proxy.black_hole()
+    dropped = asyncio.ensure_future(send(proxy.port, request("/c", b"3")))
+    await asyncio.sleep(0.5)
+    proxy.heal(drop=True)
+    assert await dropped == b""
+    await asyncio.sleep(0.1)
+    assert [r[-1:] for r in node.received] == [b"1", b"2"]
+
+
+async def test_a_dead_node_is_a_refused_connection_until_it_accepts_again(pair):
+    node, proxy = pair
+    await node.stop()
+    proxy.node_down()
+    await asyncio.sleep(0.2)
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", proxy.port)
+    await node.start()  # the same port, as a restarted node
+    for _ in range(50):
+        try:
+            answer = await send(proxy.port, request("/health", b""))
+            break
+        except ConnectionRefusedError:
+            await asyncio.sleep(0.1)
+    assert answer.endswith(b"ok")
