@@ -91,6 +91,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "must both see it",
     )
     ours.add_argument(
+    ours.add_argument(
+        "--update-idle-timeout-s",
+        type=float,
+        default=GenerateSettings.update_idle_timeout_s,
+        help="end a weight update with no step (start, chunk) for this many seconds without "
+        "loading it, as /abort_weight_update does: its trainer is gone (0: never)",
+    )
         "--max-body-bytes",
         type=int,
         default=None,
@@ -194,6 +201,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         weight_transfer_dir=args.weight_transfer_dir,
         # vLLM's own --log-level (engine args) sets ours too.
         log_level=str(getattr(args, "log_level", None) or "info").lower(),
+        update_idle_timeout_s=args.update_idle_timeout_s,
         max_body_bytes=args.max_body_bytes,
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,

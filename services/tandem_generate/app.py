@@ -45,10 +45,12 @@ from tandem_wire import (
 from tandem_wire.control import (
     UPDATE_ID_HEADER,
     AbortRequestsRequest,
+    UPDATE_RECEIVED_HEADER,
     FinishWeightUpdateRequest,
     InitWeightTransferRequest,
     UpdateId,
     UpdateWeightsRequest,
+    UpdateReceipt,
     UpdateWeightVersionRequest,
 )
 
@@ -105,7 +107,9 @@ def create_app(
         log.info("largest request body: %d MiB", app.state.service.max_body_bytes >> 20)
         budget = "none" if gate.max_bytes is None else f"{gate.max_bytes >> 20} MiB"
         log.info("admission: %d requests, byte budget %s", gate.limit, budget)
-        app.state.control = EngineControl(engine, settings.weight_transfer_dir)
+        app.state.control = EngineControl(
+            engine, settings.weight_transfer_dir, settings.update_idle_timeout_s
+        )
         watch = None
         if on_engine_dead is not None:
             watch = asyncio.create_task(_report_death(engine))
@@ -238,7 +242,7 @@ def create_app(
     async def finish_weight_update(request: Request) -> Response:
         ctl = control(request)
         req = await body_of(request, FinishWeightUpdateRequest, FinishWeightUpdateRequest())
-        await ctl.finish_update(req.weight_version)
+        await ctl.finish_update(req.weight_version, received_of(request))
         return JSONResponse({"message": "Weight update finished"})
 
     @app.post("/abort_weight_update")
@@ -293,4 +297,16 @@ def update_id_of(request: Request) -> UpdateId | None:
 
 async def _report_death(engine: Engine) -> None:
     await engine.wait_until_dead()
+def received_of(request: Request) -> str | None:
+    """What a fleet router says this node must have taken of the update it finishes
+    (``UPDATE_RECEIVED_HEADER``; None: not said, the node finishes as vLLM's does)."""
+    told = request.headers.get(UPDATE_RECEIVED_HEADER)
+    if told is None:
+        return None
+    try:
+        return UpdateReceipt.check_header(told)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param=UPDATE_RECEIVED_HEADER) from None
+
+
     log.error("the vLLM engine died; stopping this server so that it is restarted")

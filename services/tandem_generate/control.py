@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from .errors import (
     WeightPathNotAllowed,
     WeightTransferNotConfigured,
     WeightUpdateConflict,
+    WeightUpdateIncomplete,
 )
 from .weight_files import (
     ABORT_UPDATE,
@@ -48,7 +50,7 @@ from .weight_files import (
     model_folder,
     read_header,
 )
-from .weight_ledger import PREFIX_CACHE_NOT_RESET, WeightLedger
+from .weight_ledger import WeightLedger
 
 __all__ = ["EngineControl", "PAUSE_MODES"]
 
@@ -106,13 +108,23 @@ class EngineControl:
     """Pause, resume and weight updates on one engine; one per process (it tracks whether an
     update is under way, as vLLM's worker does, to refuse calls out of order up front)."""
 
-    def __init__(self, engine: Engine, weight_dir: str | None) -> None:
+    def __init__(
+        self, engine: Engine, weight_dir: str | None, update_idle_timeout_s: float = 300.0
+    ) -> None:
         self.engine = engine
         self.llm = engine.llm
         self.weight_dir = weight_dir
         wt = engine.vllm_config.weight_transfer_config
         self.backend: str | None = None if wt is None else str(wt.backend)
         self._lock = asyncio.Lock()  # one weight call at a time: they change shared state
+        self._freeze = asyncio.Lock()
+        """Held while a step keeps the engine frozen, and by /pause and /resume: a resume
+        during a finish would let requests run between the load and the cache reset."""
+        self.update_idle_timeout_s = update_idle_timeout_s
+        """An update with no step for this long is ended (its trainer is gone); 0: never."""
+        self._last_step = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._expiring: asyncio.Task[None] | None = None
         self._spec: dict[str, TensorSpec] | None = None
         self._transfer_ready = False
         """A collective backend joined the trainer's group (``/init_weight_transfer_engine``)."""
@@ -129,12 +141,14 @@ class EngineControl:
     async def pause(self, mode: str, clear_cache: bool) -> None:
         if mode not in PAUSE_MODES:
             raise BadRequest(f"mode must be one of {', '.join(PAUSE_MODES)}", param="mode")
-        await self.llm.pause_generation(mode=mode, clear_cache=clear_cache)  # type: ignore[arg-type]
-        self._caller_paused = True
+        async with self._freeze:
+            await self.llm.pause_generation(mode=mode, clear_cache=clear_cache)  # type: ignore[arg-type]
+            self._caller_paused = True
 
     async def resume(self) -> None:
-        self._caller_paused = False
-        await self.llm.resume_generation()
+        async with self._freeze:  # after a finish under way has reset the caches
+            self._caller_paused = False
+            await self.llm.resume_generation()
 
     async def is_paused(self) -> bool:
         return bool(await self.llm.is_paused())
@@ -177,15 +191,28 @@ class EngineControl:
         self._require_backend()
         async with self._lock:
             if self.ledger.current is not None:
-                raise WeightUpdateConflict("a weight update is already under way; finish it first")
+                if not self.ledger.outdated_by(update_id):
+                    raise WeightUpdateConflict(
+                        "a weight update is already under way; finish it first"
+                    )
+                log.warning(
+                    "weight update %s ended unfinished: update %s starts",
+                    self.ledger.current,
+                    update_id,
+                )
+                await self._end_update()
             await self.llm.start_weight_update()
-            return self.ledger.start(update_id)
+            uid = self.ledger.start(update_id)
+            self._stepped()
+            return uid
 
     async def update(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         self._require_backend()
         async with self._lock:
             if self.ledger.current is None:
                 raise WeightUpdateConflict("start_weight_update must come before update_weights")
+            sent = update_info  # the receipt counts what the caller sent, before it is resolved
+            self._stepped()  # a refused chunk is a step too: the trainer is there
             names: set[str] | None
             if self.backend == BACKEND:
                 update_info, names = await asyncio.to_thread(self._checked_files, update_info)
@@ -196,21 +223,32 @@ class EngineControl:
             except Exception:
                 # vLLM's worker ends the update when a chunk fails; so do we. What a backend
                 # applies in place (NCCL, IPC) may be partly in the model now.
-                self.ledger.chunk(names)
+                self.ledger.chunk(names, sent)
                 self.ledger.ended(loaded_in_place=self.backend != BACKEND)
+                self._unarm()
                 raise
-            self.ledger.chunk(names)
+            self.ledger.chunk(names, sent)
+            self._stepped()
 
-    async def finish_update(self, weight_version: str | None) -> None:
+    async def finish_update(self, weight_version: str | None, received: str | None = None) -> None:
         """Load the update, reset the caches and relabel, with the engine frozen throughout
         (vLLM's ``keep`` pause): no request sees new weights with old KV or encoder cache, or
-        the old label on new weights. A reset that does not hold leaves the node unclean."""
+        the old label on new weights. A reset that does not hold leaves the node unclean.
+
+        ``received``: the receipt the caller expects this node to hold
+        (``UPDATE_RECEIVED_HEADER``); when the node took other chunks, the update is ended
+        without loading it and the finish refused (``WeightUpdateIncomplete``)."""
         self._require_backend()
         async with self._lock:
             if self.ledger.current is None:
                 raise WeightUpdateConflict(
                     "finish_weight_update called without a matching start_weight_update"
                 )
+            wrong = None if received is None else self.ledger.receipt_differs(received)
+            if wrong is not None:
+                await self._end_update()
+                raise WeightUpdateIncomplete(wrong)
+            self._unarm()
             async with self._frozen():
                 try:
                     await self.llm.finish_weight_update(weight_version)
@@ -221,7 +259,7 @@ class EngineControl:
                 try:
                     await self._reset_caches()
                 except PrefixCacheNotReset:
-                    self.ledger.mark_unclean(PREFIX_CACHE_NOT_RESET)
+                    self.ledger.cache_not_reset()
                     raise
 
     async def abort_update(self) -> bool:
@@ -234,36 +272,89 @@ class EngineControl:
         async with self._lock:
             if self.ledger.current is None:
                 return False
-            if self.backend == BACKEND:
-                try:
-                    await self.llm.update_weights(
-                        WeightTransferUpdateRequest(update_info=ABORT_UPDATE)
-                    )
-                except Exception:  # the refused chunk is how the worker's update ends
-                    pass
-                self.ledger.ended(loaded_in_place=False)
-                return True
-            try:
-                async with self._frozen():
-                    await self.llm.finish_weight_update(None)
-                    if self.ledger.chunks:
-                        await self._reset_caches()
-            finally:
-                self.ledger.ended(loaded_in_place=True)
+            await self._end_update()
             return True
+
+    async def _end_update(self) -> None:
+        """End the update under way without loading it (see ``abort_update``); the caller
+        holds the weight lock."""
+        self._unarm()
+        if self.backend == BACKEND:
+            try:
+                await self.llm.update_weights(WeightTransferUpdateRequest(update_info=ABORT_UPDATE))
+            except Exception:  # the refused chunk is how the worker's update ends
+                pass
+            self.ledger.ended(loaded_in_place=False)
+            return
+        try:
+            async with self._frozen():
+                await self.llm.finish_weight_update(None)
+                if self.ledger.chunks:
+                    await self._reset_caches()
+        except PrefixCacheNotReset:
+            self.ledger.ended(loaded_in_place=True)
+            self.ledger.cache_not_reset()
+            raise
+        except BaseException:
+            self.ledger.finish_failed()  # a failed finalize: what the model holds is not known
+            raise
+        self.ledger.ended(loaded_in_place=True)
+
+    # -- an update whose trainer is gone ------------------------------------------------------
+
+    def _stepped(self) -> None:
+        """A step of the update under way was taken: it is idle from now (see
+        ``update_idle_timeout_s``)."""
+        self._last_step = time.monotonic()
+        if self.update_idle_timeout_s > 0 and self._idle_timer is None:
+            loop = asyncio.get_running_loop()
+            self._idle_timer = loop.call_later(self.update_idle_timeout_s, self._idle_check)
+
+    def _unarm(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        self._expiring = asyncio.ensure_future(self._expire_if_idle())
+
+    async def _expire_if_idle(self) -> None:
+        async with self._lock:  # after a step under way, which counts as one
+            if self.ledger.current is None:
+                return
+            idle = time.monotonic() - self._last_step
+            if idle < self.update_idle_timeout_s:
+                if self._idle_timer is not None:  # a new update armed its own
+                    return
+                loop = asyncio.get_running_loop()
+                left = self.update_idle_timeout_s - idle
+                self._idle_timer = loop.call_later(left, self._idle_check)
+                return
+            log.warning(
+                "weight update %s ended unfinished: no step for %.0f s (--update-idle-timeout-s)",
+                self.ledger.current,
+                idle,
+            )
+            try:
+                await self._end_update()
+            except Exception:  # the node reports itself unclean; nothing waits for this
+                log.exception("ending the idle weight update failed")
 
     @contextlib.asynccontextmanager
     async def _frozen(self) -> AsyncIterator[None]:
         """The engine paused in vLLM's ``keep`` mode (requests in flight wait, new ones
-        queue), resumed after, unless a caller had paused it: then it stays paused."""
-        paused_before = await self.llm.is_paused()
-        if not paused_before:
-            await self.llm.pause_generation(mode="keep", clear_cache=False)
-        try:
-            yield
-        finally:
-            if not paused_before and not self._caller_paused:
-                await self.llm.resume_generation()
+        queue), resumed after, unless a caller had paused it: then it stays paused. A
+        ``/pause`` or ``/resume`` meanwhile waits until it is over."""
+        async with self._freeze:
+            paused_before = await self.llm.is_paused()
+            if not paused_before:
+                await self.llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                yield
+            finally:
+                if not paused_before and not self._caller_paused:
+                    await self.llm.resume_generation()
 
     async def _reset_caches(self) -> None:
         """KV blocks and vision embeddings computed by the old weights must not be reused."""

@@ -20,6 +20,7 @@ __all__ = [
     "InvalidWeightUpdate",
     "WeightPathNotAllowed",
     "WeightUpdateConflict",
+    "WeightUpdateIncomplete",
     "WeightTransferNotConfigured",
     "WeightCheckpointUnavailable",
     "PrefixCacheNotReset",
@@ -105,6 +106,14 @@ class WeightUpdateConflict(GenerateError):
 
     status_code = 409
     type = error_types.WEIGHT_UPDATE_CONFLICT
+
+
+class WeightUpdateIncomplete(GenerateError):
+    """A finish whose caller sent other chunks than this node took (one was lost on the way):
+    the update was ended here without loading it."""
+
+    status_code = 409
+    type = error_types.WEIGHT_UPDATE_INCOMPLETE
 
 
 class WeightTransferNotConfigured(GenerateError):

@@ -57,6 +57,12 @@ class GenerateSettings:
     """The folder ``tandem_file`` weight updates are read from (paths outside it are refused);
     trainer and server must both see it (same machine or a shared filesystem)."""
 
+    update_idle_timeout_s: float = 300.0
+    """A weight update with no step (start, chunk) for this long is ended without loading it,
+    as ``/abort_weight_update`` ends it: its trainer crashed mid-update, and every start would
+    otherwise be refused until an operator aborts it. A start with a router's newer update id
+    ends it at once. 0: never."""
+
     log_level: str = "info"
     max_body_bytes: int | None = None
     """Largest request body; by default what the model can take (its context filled with

@@ -4,19 +4,23 @@ router (``vllm/entrypoints/rl/online/api_router.py``) takes them, so that its cl
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from typing import Any, Literal, NamedTuple
 
+import msgspec
 from msgspec import Struct
 
 __all__ = [
     "APPLIED_REPORTED",
     "CONTROL_ROUTES",
     "UPDATE_ID_HEADER",
+    "UPDATE_RECEIVED_HEADER",
     "ControlRoute",
     "PauseMode",
     "UpdateId",
+    "UpdateReceipt",
     "WeightInfo",
     "WeightTransferState",
     "InitWeightTransferRequest",
@@ -67,6 +71,59 @@ class UpdateId(NamedTuple):
         return cls(seen_seq + 1, secrets.token_hex(8))
 
 
+UPDATE_RECEIVED_HEADER = "x-tandem-update-received"
+"""Sent with ``/finish_weight_update`` by whoever runs an update over several nodes: what the
+node must have taken of the update under way (``UpdateReceipt.header``: its chunk count and
+digest). A node whose own receipt differs took other chunks than the caller sent (one was lost
+on the way, with its abort): it refuses the finish (409 ``weight_update_incomplete``) and ends
+the update without loading it. Without the header a node finishes as vLLM's does."""
+
+_RECEIVED = re.compile(r"([0-9]{1,9}):([0-9a-f]{32})")
+
+
+def _chained(*parts: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+class UpdateReceipt(Struct, frozen=True):
+    """What a node took of the update under way: its id, how many ``/update_weights`` chunks,
+    and a digest chained over the update's id and each chunk's ``update_info`` (as JSON), so
+    two receipts are equal exactly when the same chunks arrived in the same order."""
+
+    update_id: str
+    """The update's id (``UpdateId``)."""
+    chunks: int
+    """Chunks taken since its start."""
+    digest: str
+    """32 hex digits."""
+
+    @classmethod
+    def begin(cls, update_id: UpdateId) -> UpdateReceipt:
+        """An update's receipt at its start (no chunk yet)."""
+        return cls(str(update_id), 0, _chained(b"update", str(update_id).encode()))
+
+    def took(self, update_info: Any) -> UpdateReceipt:
+        """The receipt after one more chunk (``update_info`` as ``/update_weights`` carried
+        it: the same JSON value on every node, whatever each does with it)."""
+        chunk = msgspec.json.encode(update_info)
+        return UpdateReceipt(self.update_id, self.chunks + 1, _chained(self.digest.encode(), chunk))
+
+    def header(self) -> str:
+        """The ``UPDATE_RECEIVED_HEADER`` value: ``CHUNKS:DIGEST``."""
+        return f"{self.chunks}:{self.digest}"
+
+    @staticmethod
+    def check_header(text: str) -> str:
+        """The header value as sent (stripped); ``ValueError`` when it is not one."""
+        if _RECEIVED.fullmatch(text.strip()) is None:
+            raise ValueError(f"a receipt is CHUNKS:DIGEST (32 hex digits), not {text[:80]!r}")
+        return text.strip()
+
+
 class WeightTransferState(Struct):
     """How a node receives weights."""
 
@@ -100,9 +157,10 @@ class WeightInfo(Struct):
     above it)."""
     unclean: str | None
     """Why the weights or caches may not be what ``weights_id`` says (null: they are):
-    ``partial_load`` (a chunk was applied in place, then the update failed or was aborted;
-    clean again once every tensor has been written since), ``finish_failed``,
-    ``prefix_cache_not_reset`` (clean again after a ``/reset_prefix_cache`` that succeeds).
+    ``partial_load`` (a chunk was applied in place, then the update failed or was aborted,
+    or a finish or finalize failed; clean again once every tensor has been written since,
+    whatever resets happen), else ``prefix_cache_not_reset`` (clean again after a
+    ``/reset_prefix_cache`` that succeeds).
     Such a node serves nothing behind a router."""
     unwritten: int | None
     """With ``partial_load``: how many checkpoint tensors are still to be written before the
@@ -111,6 +169,9 @@ class WeightInfo(Struct):
     paused: bool | None = None
     """The engine is paused (``/pause``, or a finish's own freeze): new requests wait until it
     resumes, so a router sends it none while another node may serve (null: not told)."""
+    receiving: UpdateReceipt | None = None
+    """The update under way as this node took it (null: none is): a router finishing it asks
+    the nodes to hold what the node that took the most chunks holds."""
 
 
 class InitWeightTransferRequest(Struct, forbid_unknown_fields=True):

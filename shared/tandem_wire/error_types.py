@@ -130,6 +130,10 @@ WEIGHT_PATH_NOT_ALLOWED = "weight_path_not_allowed"
 WEIGHT_UPDATE_CONFLICT = "weight_update_conflict"
 """409: a weight-update call out of order (update or finish with no update started, a start
 while one is under way)."""
+WEIGHT_UPDATE_INCOMPLETE = "weight_update_incomplete"
+"""409: a finish whose caller sent other chunks of the update than the node took (its
+``X-Tandem-Update-Received`` differs from the node's own receipt: a chunk was lost on the way);
+the node ended the update without loading it."""
 WEIGHT_TRANSFER_NOT_CONFIGURED = "weight_transfer_not_configured"
 """409: weight-transfer calls on a server started without ``--weight-transfer-config``."""
 WEIGHT_CHECKPOINT_UNAVAILABLE = "weight_checkpoint_unavailable"

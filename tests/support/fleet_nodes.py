@@ -16,7 +16,12 @@ import httpx
 import msgspec
 
 from tandem_generate.weight_ledger import WeightLedger
-from tandem_wire.control import UPDATE_ID_HEADER, UpdateId, WeightTransferState
+from tandem_wire.control import (
+    UPDATE_ID_HEADER,
+    UPDATE_RECEIVED_HEADER,
+    UpdateId,
+    WeightTransferState,
+)
 
 TENSORS = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
 """The stand-in checkpoint's tensors."""
@@ -83,6 +88,7 @@ class GenNode:
             return _error(500, "internal_error", f"{self.name} failed {step}")
         control = request.content and path != "/inference/v1/generate"
         self._update_id = request.headers.get(UPDATE_ID_HEADER)
+        self._received = request.headers.get(UPDATE_RECEIVED_HEADER)
         answer = self._answer(path, json.loads(request.content) if control else {})
         if how == "late":
             raise httpx.ReadTimeout("timed out after doing it", request=request)
@@ -95,9 +101,10 @@ class GenNode:
             info = self.ledger.info(self.version, transfer)
             return httpx.Response(200, content=msgspec.json.encode(info))
         if path == "/start_weight_update":
-            if self.updating:
-                return conflict
             told = UpdateId.parse(self._update_id) if self._update_id else None
+            if self.updating and not self.ledger.outdated_by(told):
+                return conflict
+            self.ledger.ended(loaded_in_place=False)  # a newer update ends one left behind
             uid = self.ledger.start(told)
             self.staged = {}
             return httpx.Response(200, json={"message": "started", "update_id": str(uid)})
@@ -107,11 +114,16 @@ class GenNode:
             info = body["update_info"]
             names = info.get("names", TENSORS)
             self.staged.update(dict.fromkeys(names, info["path"]))
-            self.ledger.chunk(names)
+            self.ledger.chunk(names, info)
             return httpx.Response(200, json={"message": "Weights updated"})
         if path == "/finish_weight_update":
             if not self.updating:
                 return conflict
+            wrong = self._received and self.ledger.receipt_differs(self._received)
+            if wrong:  # as generate's control: the update is ended, nothing of it loaded
+                self.ledger.ended(loaded_in_place=False)
+                self.staged = {}
+                return _error(409, "weight_update_incomplete", wrong)
             self.tensors.update(self.staged)
             self.ledger.finished()
             if body.get("weight_version") is not None:
@@ -146,6 +158,7 @@ class GenNode:
         request, self.deferred = self.deferred, None
         self.fail.clear()
         self._update_id = request.headers.get(UPDATE_ID_HEADER)
+        self._received = request.headers.get(UPDATE_RECEIVED_HEADER)
         self._answer(request.url.path, json.loads(request.content) if request.content else {})
 
     def lying(self) -> list[str]:

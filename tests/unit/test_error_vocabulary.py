@@ -72,6 +72,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     gen.InvalidWeightUpdate: tc.WeightUpdateError,
     gen.WeightPathNotAllowed: tc.WeightUpdateError,
     gen.WeightUpdateConflict: tc.WeightUpdateError,
+    gen.WeightUpdateIncomplete: tc.WeightUpdateError,
     gen.WeightTransferNotConfigured: tc.WeightUpdateError,
     gen.WeightCheckpointUnavailable: tc.WeightUpdateError,
     gen.PrefixCacheNotReset: tc.ServerError,

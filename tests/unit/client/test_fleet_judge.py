@@ -17,7 +17,7 @@ def ledger() -> WeightLedger:
 
 def apply(led: WeightLedger, seq: int, names: set[str], token: str = "0a0b0c0d") -> None:
     led.start(UpdateId(seq, token))
-    led.chunk(names)
+    led.chunk(names, {"names": sorted(names)})
     led.finished()
 
 
@@ -69,7 +69,7 @@ def test_a_node_unreachable_past_the_timeout_leaves_the_fleet():
 def test_an_unclean_node_serves_nothing_and_does_not_decide_the_fleet():
     a, b = ledger(), ledger()
     apply(a, 1, {"a.weight"})
-    a.mark_unclean("prefix_cache_not_reset")
+    a.cache_not_reset()
     view = judge([node("a", a), node("b", b)], 0.0, 10)
     assert view.reasons == {"a": "unclean: prefix_cache_not_reset", "b": None}
 

@@ -7,16 +7,26 @@ engine's calls (the GPU backends, NCCL and IPC, cannot run here): a spy stands w
 - An abort after a start, on a backend that loads in place, finishes with no chunk (vLLM's
   finalize is what puts the kernel tensors back after ``initialize_layerwise_reload``); with
   chunks it finishes too and the node is unclean until every tensor is written again.
-- A prefix cache that will not reset leaves the node unclean until a reset succeeds."""
+- A prefix cache that will not reset leaves the node unclean until a reset succeeds; a partial
+  load stays unclean through any reset, until every tensor is written again.
+- A failed finalize leaves the node unclean, whatever it was finishing or aborting.
+- A ``/resume`` while a finish holds the engine frozen waits until the caches are reset.
+- A finish is refused (and the update ended) when the node took other chunks than the caller
+  sent; an update its trainer left is ended by a newer one's start, or once idle too long."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
 
 from tandem_generate.control import EngineControl
-from tandem_generate.errors import PrefixCacheNotReset
+from tandem_generate.errors import (
+    PrefixCacheNotReset,
+    WeightUpdateConflict,
+    WeightUpdateIncomplete,
+)
 from tandem_generate.weight_files import checkpoint_spec
 
 pytestmark = pytest.mark.anyio
@@ -30,6 +40,11 @@ class SpyLLM:
         self.paused = False
         self.reset_ok = True
         self.version = "default"
+        self.finish_fails = False
+        self.finishing = asyncio.Event()
+        """Set once a finish is under way (the load); it ends when ``let_finish`` is set."""
+        self.let_finish: asyncio.Event | None = None
+        self.paused_at_reset: list[bool] = []
 
     async def is_paused(self) -> bool:
         return self.paused
@@ -52,11 +67,17 @@ class SpyLLM:
 
     async def finish_weight_update(self, weight_version=None) -> None:
         self.calls.append(("finish", weight_version))
+        self.finishing.set()
+        if self.let_finish is not None:
+            await self.let_finish.wait()
+        if self.finish_fails:
+            raise RuntimeError("finalize failed")
         if weight_version is not None:
             self.version = weight_version
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         self.calls.append(("reset_prefix", reset_running_requests))
+        self.paused_at_reset.append(self.paused)
         return self.reset_ok
 
     async def reset_encoder_cache(self) -> None:
@@ -66,7 +87,9 @@ class SpyLLM:
         return self.version
 
 
-def control(model_dir: str, backend: str) -> tuple[EngineControl, SpyLLM]:
+def control(
+    model_dir: str, backend: str, update_idle_timeout_s: float = 300.0
+) -> tuple[EngineControl, SpyLLM]:
     llm = SpyLLM()
     engine = SimpleNamespace(
         llm=llm,
@@ -75,7 +98,7 @@ def control(model_dir: str, backend: str) -> tuple[EngineControl, SpyLLM]:
             model=model_dir, revision=None, served_model_name=model_dir, dtype="bfloat16"
         ),
     )
-    return EngineControl(engine, None), llm  # type: ignore[arg-type]
+    return EngineControl(engine, None, update_idle_timeout_s), llm  # type: ignore[arg-type]
 
 
 def chunk(names: list[str], fail: bool = False) -> dict:
@@ -191,3 +214,122 @@ async def test_the_update_id_a_router_sends_is_the_one_recorded(qwen2_dir):
     )
     # Without one, the node mints the next.
     assert (await ctl.start_update()).seq == 42
+
+
+async def test_a_partial_load_stays_unclean_through_a_cache_reset(qwen2_dir, monkeypatch):
+    # A chunk fails mid-broadcast (partial load); the next update writes one tensor and its
+    # prefix cache will not reset; then a reset succeeds: the other tensors are still unwritten.
+    monkeypatch.setattr("tandem_generate.control.RESET_BACKOFF_S", 0.0)
+    names = sorted(checkpoint_spec(qwen2_dir))
+    ctl, llm = control(qwen2_dir, "nccl")
+    await ctl.start_update()
+    with pytest.raises(RuntimeError):
+        await ctl.update(chunk(["lm_head.weight"], fail=True))
+    llm.reset_ok = False
+    await ctl.start_update()
+    await ctl.update(chunk(["lm_head.weight"]))
+    with pytest.raises(PrefixCacheNotReset):
+        await ctl.finish_update(None)
+    assert (await ctl.weight_info()).unclean == "partial_load"
+    llm.reset_ok = True
+    assert await ctl.reset_prefix_cache() is True
+    info = await ctl.weight_info()
+    assert (info.unclean, info.unwritten) == ("partial_load", len(names) - 1)
+    # Every other tensor written again: whole, and the cache was reset by that finish.
+    await ctl.start_update()
+    await ctl.update(chunk([n for n in names if n != "lm_head.weight"]))
+    await ctl.finish_update(None)
+    assert (await ctl.weight_info()).unclean is None
+
+
+async def test_an_abort_whose_finalize_fails_on_nccl_leaves_the_node_unclean(qwen2_dir):
+    # No chunk arrived, but vLLM's finalize (which puts the kernel tensors back) failed: what
+    # the model holds is not known.
+    ctl, llm = control(qwen2_dir, "nccl")
+    await ctl.start_update()
+    llm.finish_fails = True
+    with pytest.raises(RuntimeError):
+        await ctl.abort_update()
+    info = await ctl.weight_info()
+    assert (info.unclean, info.updating) == ("partial_load", False)
+    assert not llm.paused  # not left frozen
+
+
+async def test_a_resume_during_a_finish_waits_until_the_caches_are_reset(qwen2_dir):
+    # TRL's sequence with the door's fan-out: pause(keep), start, chunk, finish, resume; the
+    # resume reaches this node while its finish is still loading.
+    ctl, llm = control(qwen2_dir, "nccl")
+    await ctl.pause("keep", clear_cache=False)
+    await ctl.start_update()
+    await ctl.update(chunk(["lm_head.weight"]))
+    llm.let_finish = asyncio.Event()
+    finishing = asyncio.ensure_future(ctl.finish_update("step-1"))
+    await llm.finishing.wait()
+    resuming = asyncio.ensure_future(ctl.resume())
+    for _ in range(50):  # event-loop turns, not time: the resume runs as far as it may
+        await asyncio.sleep(0)
+    llm.let_finish.set()
+    await asyncio.gather(finishing, resuming)
+    # No request ran between the load and the cache reset: the engine was frozen at the reset.
+    assert llm.paused_at_reset == [True]
+    assert llm.calls[-1] == ("resume",) and not llm.paused  # the caller's resume holds after
+
+
+async def test_a_finish_is_refused_when_the_node_took_other_chunks_than_the_caller_sent(
+    qwen2_dir,
+):
+    from tandem_wire.control import UpdateId, UpdateReceipt
+
+    ctl, llm = control(qwen2_dir, "nccl")
+    uid = await ctl.start_update(UpdateId(1, "9f3c1a2b"))
+    first, second = chunk(["model.embed_tokens.weight"]), chunk(["lm_head.weight"])
+    sent = UpdateReceipt.begin(uid).took(first).took(second)
+    await ctl.update(second)  # the first chunk (and its abort) never reached this node
+    with pytest.raises(WeightUpdateIncomplete):
+        await ctl.finish_update(None, sent.header())
+    info = await ctl.weight_info()
+    # The update is ended, not loaded: what NCCL wrote in place leaves the node unclean.
+    assert (info.updating, info.update_seq, info.unclean) == (False, 0, "partial_load")
+    # The caller's own receipt, when it matches, finishes.
+    uid = await ctl.start_update(UpdateId(2, "9f3c1a2c"))
+    await ctl.update(first)
+    await ctl.finish_update(None, UpdateReceipt.begin(uid).took(first).header())
+    assert (await ctl.weight_info()).update_seq == 2
+
+
+async def test_an_update_its_trainer_left_is_ended_by_a_newer_ones_start(qwen2_dir):
+    from tandem_wire.control import UpdateId
+
+    ctl, llm = control(qwen2_dir, "nccl")
+    await ctl.start_update(UpdateId(3, "aaaaaaaa"))
+    await ctl.update(chunk(["lm_head.weight"]))
+    # The trainer crashed here. A start with no id, or one not newer, is still refused.
+    with pytest.raises(WeightUpdateConflict):
+        await ctl.start_update()
+    with pytest.raises(WeightUpdateConflict):
+        await ctl.start_update(UpdateId(3, "bbbbbbbb"))
+    llm.calls.clear()
+    assert (await ctl.start_update(UpdateId(4, "cccccccc"))).seq == 4
+    # The left update was ended as an abort ends it, then the new one started.
+    assert [c[0] for c in llm.calls] == [
+        "pause",
+        "finish",
+        "reset_prefix",
+        "reset_encoder",
+        "resume",
+        "start",
+    ]
+    info = await ctl.weight_info()
+    assert (info.updating, info.seen_seq, info.unclean) == (True, 4, "partial_load")
+
+
+async def test_an_update_left_idle_past_the_timeout_ends_by_itself(qwen2_dir):
+    ctl, llm = control(qwen2_dir, "nccl", update_idle_timeout_s=0.05)
+    await ctl.start_update()
+    for _ in range(600):  # the timer's doing, not this loop's: it only waits for it
+        if not (await ctl.weight_info()).updating:
+            break
+        await asyncio.sleep(0.05)
+    assert not (await ctl.weight_info()).updating
+    assert ("finish", None) in llm.calls  # ended as an abort ends it
+    await ctl.start_update()  # and a new trainer's start is taken
