@@ -1,0 +1,106 @@
+"""The nemesis run's invariants (tools/chaos.py ``Checker``) on logs made by hand: each one
+flags what it names and lets pass what the fleet may do."""
+
+from __future__ import annotations
+
+from tools.chaos import (
+    CHECKPOINT,
+    A,
+    B,
+    ChaosConfig,
+    Checker,
+    Expected,
+    Fault,
+    Log,
+    Obs,
+    Op,
+    Update,
+)
+
+CFG = ChaosConfig(node_timeout_s=4.0, fence_poll_s=1.0, monitor_every_s=0.5)
+EXPECTED = Expected(
+    pure={
+        CHECKPOINT: {"p": [1, 1, 1, 1]},
+        A: {"p": [2, 2, 2, 2]},
+        B: {"p": [3, 3, 3, 3]},
+    },
+    cont={"A>B": {"p": {1: [3, 4, 4], 2: [3, 4], 3: [4]}}, "B>A": {"p": {}}},
+)
+
+
+def updates() -> list[Update]:
+    """#1 (A) answered 200 at t=10; #2 (B) finished between t=20 and t=22."""
+    return [
+        Update(1, A, finish_sent=9.0, finish_done=10.0, ok=True, held_ids=["wa"]),
+        Update(2, B, finish_sent=20.0, finish_done=22.0, ok=True, held_ids=["wb"]),
+    ]
+
+
+def check(ops=(), faults=(), obs=(), seen=(), last_heal=None, end=100.0) -> list[str]:
+    log = Log(seed=0, ops=list(ops), updates=updates(), faults=list(faults), obs=list(obs))
+    log.seen, log.last_heal, log.end = list(seen), last_heal, end
+    return Checker(log, EXPECTED, CFG).all()
+
+
+def op(start: float, tokens: list[int] | None, status: int = 200, end: float | None = None):
+    return Op("chq0000001", "door_generate", "p", start, end or start + 1, status, None, tokens)
+
+
+def healthy(node: int, t0: float, t1: float, wid: str = "wb") -> list[Obs]:
+    times = [t0 + 0.5 * i for i in range(int((t1 - t0) / 0.5) + 1)]
+    return [Obs(t, node, True, wid, None, False, False) for t in times]
+
+
+def test_answers_must_come_from_the_newest_update_or_one_finishing_while_they_ran():
+    assert check([op(12, [2, 2, 2, 2])]) == []  # A after #1
+    assert check([op(19.5, [3, 3, 3, 3], end=21)]) == []  # B: #2's finish began meanwhile
+    assert check([op(19.5, [2, 3, 4, 4], end=21)]) == []  # A's first token, then B's rest
+    assert check([op(23, [3, 3, 3, 3])]) == []
+    [stale] = check([op(23, [2, 2, 2, 2])])  # A after #2 answered 200
+    assert "computed with ['A']" in stale and "#2" in stale
+    [restarted] = check([op(23, [1, 1, 1, 1])])
+    assert "['checkpoint']" in restarted
+    [mixed] = check([op(23, [2, 9, 9, 9])])
+    assert "no known weights" in mixed
+
+
+def test_an_update_answered_502_may_serve_from_its_finish_on():
+    log_updates = updates()
+    log_updates.append(Update(3, A, finish_sent=30.0, finish_done=31.0, ok=False))
+    log = Log(seed=0, ops=[op(32, [2, 2, 2, 2]), op(33, [3, 3, 3, 3])], updates=log_updates)
+    log.end = 100.0
+    assert Checker(log, EXPECTED, CFG).all() == []
+
+
+def test_no_request_reaches_an_unclean_node_once_the_door_could_know():
+    obs = healthy(0, 20, 40) + [Obs(t, 1, True, "wb", "partial_load") for t in (30, 30.5, 31, 34)]
+    assert check(obs=obs, seen=[(30.6, 1, "chq0000009")]) == []  # unclean for 0.6 s only
+    [late] = check(obs=obs, seen=[(34.2, 1, "chq0000009")])
+    assert "unclean (partial_load)" in late
+    stale = [Obs(t, 2, True, "wa") for t in (22, 24, 26, 28, 30)]
+    [behind] = check(obs=obs + stale, seen=[(30.2, 2, "chq0000010")])
+    assert "did not hold the newest" in behind
+
+
+def test_5xx_only_while_no_node_could_serve():
+    failed = op(30, None, status=503, end=30.5)
+    everyone = healthy(0, 20, 40) + healthy(1, 20, 40) + healthy(2, 20, 40)
+    [refused] = check([failed], obs=everyone)
+    assert "could serve" in refused
+    down = [Fault("stop", n, 25, 35) for n in range(3)]
+    assert check([failed], obs=everyone, faults=down, last_heal=None) == []
+    # Its own node was stopped under it: its answer is that node's failure.
+    on_it = check(
+        [failed], obs=everyone, faults=[Fault("stop", 0, 29, 31)], seen=[(30.1, 0, failed.id)]
+    )
+    assert on_it == []
+
+
+def test_the_fleet_serves_again_within_the_node_timeout_and_a_poll_of_the_last_heal():
+    heal = [Fault("kill", 0, 40, 50)]
+    ok_soon = [op(52, [3, 3, 3, 3]), op(56, [3, 3, 3, 3])]
+    assert check(ok_soon, faults=heal, last_heal=50.0) == []
+    failing = [op(52, None, status=503, end=52.1), op(56, None, status=503, end=56.1)]
+    found = check(failing, faults=heal, last_heal=50.0)
+    assert any("after the last fault healed" in v for v in found)
+    assert "no request ran after" in check(faults=heal, last_heal=50.0)[0]
