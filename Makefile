@@ -25,7 +25,7 @@ FRONT_PORT ?= 8000
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models docs test test-unit fuzz soak lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
+.PHONY: help setup models docs test test-unit fuzz soak chaos lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + $(GENERATE_NODES) generate nodes + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
@@ -36,6 +36,7 @@ help:
 	@echo "make lint        ruff + mypy"
 	@echo "make fuzz        the fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000; TANDEM_SCHEMA_FUZZ_COUNT schemathesis examples per operation, 200)"
 	@echo "make soak        render + generate + front door under saturating mixed load through the door (SOAK_SECONDS, 600); plot in .cache/soak"
+	@echo "make chaos       render + 3 generate nodes + the front door under a seeded nemesis (kills, SIGSTOPs, partitions, cut updates) while TRL's weight updates and clients run; checks the fleet's invariants (CHAOS_SECONDS, 600; CHAOS_SEED, random and printed)"
 	@echo "make models      build the tiny test models into .cache/models"
 	@echo "make bench       the end-to-end report (under 20 min): every comparison side by side -> docs/bench"
 	@echo "make bench-wire  wire codec throughput and bytes: ours (JSON, binary, elided) vs vLLM's serde"
@@ -85,6 +86,12 @@ fuzz: setup
 # shape and tandem_client rollouts through the front door, a weight update a minute.
 soak: setup
 	$(PY) -m tools.soak --seconds $${SOAK_SECONDS:-600}
+
+# The nemesis run's long form (CI runs 120 s of it inside `make test`): TRL's weight updates and
+# greedy clients through the door and tandem_client while nodes are killed, stopped, cut off and
+# their updates cut; a failing run prints its seed (CHAOS_SEED=... replays the same faults).
+chaos: setup
+	$(PY) -m tools.chaos --seconds $${CHAOS_SECONDS:-600} $${CHAOS_SEED:+--seed $$CHAOS_SEED}
 
 # The report: payload, render, generate, rollout and scaling, ours beside upstream's servers
 # started here; writes docs/bench/report.md, report.json and the PNG plots.
