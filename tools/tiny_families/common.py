@@ -125,3 +125,22 @@ def llava_hf_layout(name: str) -> str:
                 rest = "vision_model." + rest
             return "vision_tower." + rest
     return name
+
+
+def mark_plain(out: Path, tokens: tuple[str, ...]) -> None:
+    """Make ``tokens`` (written by ``write_tokenizer`` among its specials) plain added tokens:
+    still single ids that text never splits, but kept when decoding skips special tokens (as
+    the whitespace runs a SentencePiece vocabulary holds)."""
+    from tokenizers import Tokenizer
+
+    raw = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    for entry in raw["added_tokens"]:
+        if entry["content"] in tokens:
+            entry["special"] = False
+    text = Tokenizer.from_str(json.dumps(raw)).to_str(pretty=True)
+    (out / "tokenizer.json").write_text(text + "\n", encoding="utf-8")
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for entry in config["added_tokens_decoder"].values():
+        if entry["content"] in tokens:
+            entry["special"] = False
+    write_json(out / "tokenizer_config.json", config)
