@@ -41,6 +41,7 @@ from tandem_wire import (
     encode_generate_request,
     error_types,
 )
+from tandem_wire.control import UpdateReceipt
 
 from . import fleet
 from .discovery import NodeSource
@@ -709,13 +710,16 @@ class AsyncTandemClient:
             )
         failures = []
         going = started.succeeded
-        body = msgspec.json.encode({"update_info": {"path": name}})
+        chunk = {"path": name}
+        body = msgspec.json.encode({"update_info": chunk})
         sent = await fleet.send_chunk(self._ask, going, view, body, {})
         if sent.refusal is not None:
             raise _refusal(sent.refusal)
         failures += [{**a.summary(), "step": "update"} for a in sent.failures]
         body = msgspec.json.encode({"weight_version": version})
-        finished = await fleet.finish_update(self._ask, sent.succeeded, view, body, {})
+        # What each node must have taken: a node that did not is refused the finish.
+        receipt = UpdateReceipt.begin(started.update_id).took(chunk) if started.update_id else None
+        finished = await fleet.finish_update(self._ask, sent.succeeded, view, body, {}, receipt)
         failures += [{**a.summary(), "step": "finish"} for a in finished.failures]
         await self._refresh_versions(everyone)
         after = self._view()

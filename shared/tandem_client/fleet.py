@@ -39,8 +39,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import msgspec
+
 from tandem_wire import error_types
-from tandem_wire.control import APPLIED_REPORTED, UPDATE_ID_HEADER, UpdateId
+from tandem_wire.control import (
+    APPLIED_REPORTED,
+    UPDATE_ID_HEADER,
+    UPDATE_RECEIVED_HEADER,
+    UpdateId,
+    UpdateReceipt,
+)
 
 from .routing import rendezvous_order
 
@@ -380,11 +388,82 @@ async def send_chunk(
 
 
 async def finish_update(
-    ask: Ask, nodes: Sequence[Node], view: FleetView, body: bytes, headers: Mapping[str, str]
+    ask: Ask,
+    nodes: Sequence[Node],
+    view: FleetView,
+    body: bytes,
+    headers: Mapping[str, str],
+    sent: UpdateReceipt | None = None,
 ) -> StepResult:
     """``/finish_weight_update`` on ``nodes`` (each loads, resets its caches and relabels with
-    its engine frozen)."""
+    its engine frozen).
+
+    Each node is told what it must have taken (``UPDATE_RECEIVED_HEADER``): one that took
+    other chunks (a chunk and its abort were lost on the way) refuses and ends the update, so
+    only nodes that took every chunk load it. ``sent``: the caller's own receipt; None when it
+    kept none (a trainer through the door, which keeps nothing between steps): then it is
+    what the node that took the most chunks of the newest update under way took, asked now."""
+    if sent is None:
+        told = await ask_each(ask, nodes, "GET", WEIGHT_INFO_PATH)
+        sent = _most_taken(told)
+        if sent is _NONE_WHOLE:
+            return await _finish_nowhere(ask, nodes, view, told)
+    if sent is not None:
+        headers = {**headers, UPDATE_RECEIVED_HEADER: sent.header()}
     answers = await ask_each(ask, nodes, "POST", FINISH_PATH, [body] * len(nodes), headers)
+    return _result(nodes, answers, view)
+
+
+_NONE_WHOLE = UpdateReceipt("", 0, "")
+"""Nodes took different chunks, as many of them: none is known to hold every chunk."""
+
+
+def _most_taken(answers: Sequence[NodeAnswer]) -> UpdateReceipt | None:
+    """The receipt of the node that took the most chunks of the newest update under way, from
+    ``/weight_info`` answers (None: no node is updating, or none tells; ``_NONE_WHOLE`` when
+    two such nodes took different chunks)."""
+    receipts = []
+    for a in answers:
+        told = a.body.get("receiving") if a.ok and isinstance(a.body, dict) else None
+        try:
+            receipt = msgspec.convert(told, UpdateReceipt)
+        except msgspec.ValidationError:
+            continue
+        if _seq_of(receipt):
+            receipts.append(receipt)
+    if not receipts:
+        return None
+    newest = max(map(_seq_of, receipts))
+    of_newest = [r for r in receipts if _seq_of(r) == newest]
+    most = max(r.chunks for r in of_newest)
+    whole = {r for r in of_newest if r.chunks == most}
+    return whole.pop() if len(whole) == 1 else _NONE_WHOLE
+
+
+def _seq_of(receipt: UpdateReceipt) -> int:
+    try:
+        return UpdateId.parse(receipt.update_id).seq
+    except ValueError:
+        return 0
+
+
+async def _finish_nowhere(
+    ask: Ask, nodes: Sequence[Node], view: FleetView, told: Sequence[NodeAnswer]
+) -> StepResult:
+    """No node is known to have taken every chunk: none loads the update; it is ended on each
+    node that is updating, and each node is named as refusing the finish."""
+    updating = [
+        n
+        for n, a in zip(nodes, told, strict=True)
+        if a.ok and isinstance(a.body, dict) and a.body.get("receiving")
+    ]
+    await ask_each(ask, updating, "POST", ABORT_PATH)
+    error = {
+        "type": error_types.WEIGHT_UPDATE_INCOMPLETE,
+        "message": "the nodes took different chunks of the update (chunks and their aborts "
+        "were lost on the way): none is known to hold all of it, so it is loaded nowhere",
+    }
+    answers = [NodeAnswer(n.url, 409, {"error": error}) for n in nodes]
     return _result(nodes, answers, view)
 
 

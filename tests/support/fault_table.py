@@ -6,9 +6,12 @@ A weight update through the front door over two generate nodes, A and B, with on
 at one step: B refuses the step, times out on it, is killed at it, or is killed and comes back
 (restarted on its checkpoint) once the update is over; the trainer sends every step (start,
 one chunk, finish) unless the start fails, with a label (``{"weight_version": "new"}``) or
-without (``{}``, as TRL does). The nodes are the stand-ins of ``tests/support/fleet_nodes``,
-which keep the real node record (``tandem_generate.weight_ledger``); the door is the real one,
-in-process. ``tests/unit/front/test_fleet_fault_table.py`` checks the page against a new run.
+without (``{}``, as TRL does). Two more: one of three chunks and the door's abort of it are
+both lost on the way to B (the trainer sends the rest), and a trainer that crashes after its
+chunk, leaving both nodes mid-update, followed by a new trainer's update. The nodes are the
+stand-ins of ``tests/support/fleet_nodes``, which keep the real node record
+(``tandem_generate.weight_ledger``); the door is the real one, in-process.
+``tests/unit/front/test_fleet_fault_table.py`` checks the page against a new run.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tandem_client.routing import ROUTE_KEY_HEADER
 from tandem_front.app import create_app
 from tandem_front.settings import FrontSettings
 from tests.support.asgi import app_client
-from tests.support.fleet_nodes import GenFleet, GenNode
+from tests.support.fleet_nodes import TENSORS, GenFleet, GenNode
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 BEGIN, END = "<!-- fault-table -->", "<!-- /fault-table -->"
@@ -65,16 +68,62 @@ async def _scenario(step: str, fault: str, labelled: bool) -> dict[str, str]:
         if fault == "comes back":
             b.restart("old")  # a new process on its checkpoint
         b.fail.clear()
-        info = (await c.get("/weight_info")).json()
-        for i in range(24):
-            body = {"token_ids": [1], "sampling_params": {}}
-            await c.post("/inference/v1/generate", json=body, headers={ROUTE_KEY_HEADER: str(i)})
+        return await _outcome(c, a, b, " · ".join(seen), fault == "comes back")
+
+
+async def _lost_abort(labelled: bool) -> dict[str, str]:
+    """Chunk 2 of 3 and the door's abort of it never reach B; the rest does."""
+    a, b = GenNode("g1", "old"), GenNode("g2", "old")
+    async with app_client(_door(GenFleet(a, b))) as c:
+        r = await c.post("/start_weight_update", json={})
+        seen, chunks = [_seen(r.status_code, r.json())], []
+        for i, names in enumerate(([TENSORS[0]], [TENSORS[1]], [TENSORS[2]])):
+            if i == 1:
+                b.fail.update(update_weights="timeout", abort_weight_update="timeout")
+            body = {"update_info": {"path": "new", "names": names}}
+            r = await c.post("/update_weights", json=body)
+            chunks.append(_seen(r.status_code, r.json()))
+            b.fail.clear()
+        r = await c.post("/finish_weight_update", json=_finish(labelled))
+        seen += [", ".join(chunks), _seen(r.status_code, r.json())]
+        return await _outcome(c, a, b, " · ".join(seen))
+
+
+async def _crashed_trainer(labelled: bool) -> dict[str, str]:
+    """A trainer starts an update on both nodes, sends its chunk and dies; a new trainer
+    runs a whole update."""
+    a, b = GenNode("g1", "old"), GenNode("g2", "old")
+    async with app_client(_door(GenFleet(a, b))) as c:
+        seen = []
+        for path, body in (
+            ("/start_weight_update", {}),
+            ("/update_weights", {"update_info": {"path": "lost"}}),
+            ("/start_weight_update", {}),
+            ("/update_weights", {"update_info": {"path": "new"}}),
+            ("/finish_weight_update", _finish(labelled)),
+        ):
+            r = await c.post(path, json=body)
+            seen.append(_seen(r.status_code, r.json()))
+        caller = f"{' · '.join(seen[:2])} · (none); then {' · '.join(seen[2:])}"
+        return await _outcome(c, a, b, caller)
+
+
+def _finish(labelled: bool) -> dict[str, str]:
+    return {"weight_version": "new"} if labelled else {}
+
+
+async def _outcome(c, a: GenNode, b: GenNode, caller: str, restarted: bool = False) -> dict:
+    """What the nodes hold and serve once the trainer is done (``caller``: what it saw)."""
+    info = (await c.get("/weight_info")).json()
+    for i in range(24):
+        body = {"token_ids": [1], "sampling_params": {}}
+        await c.post("/inference/v1/generate", json=body, headers={ROUTE_KEY_HEADER: str(i)})
     reason = {n["url"]: n["reason"] for n in info["nodes"]}["http://g2"]
     labels = {g.split(":")[0] for g in a.generated + b.generated}
     return {
-        "caller": " · ".join(seen),
+        "caller": caller,
         "A": a.weights if not a.updating else f"{a.weights} (mid-update)",
-        "B": "down" if b.down else b.weights + (" (restarted)" if fault == "comes back" else ""),
+        "B": "down" if b.down else b.weights + (" (restarted)" if restarted else ""),
         "B serves": "yes" if reason is None else f"no: {reason}",
         "label": "/".join(sorted(labels)),
         "served": "/".join(sorted(g.split(":")[1] for g in set(a.generated + b.generated))),
@@ -95,23 +144,33 @@ async def rows() -> list[str]:
         for fault in FAULTS:
             labelled = await _scenario(step, fault, True)
             bare = await _scenario(step, fault, False)
-            # Labels aside, the two runs must agree: labels decide nothing.
-            assert {k: v for k, v in labelled.items() if k != "label"} == {
-                k: v for k, v in bare.items() if k != "label"
-            }, (step, fault, labelled, bare)
             name = step.removesuffix("_weight_update").removesuffix("_weights")
-            cells = (
-                name if fault == "refuses" else "",
-                f"B {fault}",
-                labelled["caller"],
-                labelled["A"],
-                labelled["B"],
-                labelled["B serves"],
-                labelled["served"],
-                f"{labelled['label']} / {bare['label']}",
-            )
-            out.append("| " + " | ".join(cells) + " |")
+            out.append(_row(name if fault == "refuses" else "", f"B {fault}", labelled, bare))
+    for step, fault, scenario in (
+        ("update", "B loses chunk 2 of 3 and its abort", _lost_abort),
+        ("any", "the trainer crashes mid-update; a new one updates", _crashed_trainer),
+    ):
+        labelled, bare = await scenario(True), await scenario(False)
+        out.append(_row(step, fault, labelled, bare))
     return out
+
+
+def _row(step: str, fault: str, labelled: dict[str, str], bare: dict[str, str]) -> str:
+    # Labels aside, the two runs must agree: labels decide nothing.
+    assert {k: v for k, v in labelled.items() if k != "label"} == {
+        k: v for k, v in bare.items() if k != "label"
+    }, (step, fault, labelled, bare)
+    cells = (
+        step,
+        fault,
+        labelled["caller"],
+        labelled["A"],
+        labelled["B"],
+        labelled["B serves"],
+        labelled["served"],
+        f"{labelled['label']} / {bare['label']}",
+    )
+    return "| " + " | ".join(cells) + " |"
 
 
 def table() -> str:

@@ -123,3 +123,47 @@ async def test_a_node_back_after_the_node_timeout_gets_work_again(tmp_path):
     await c.generate(GenerateRequest(token_ids=[1], request_id="back"))
     assert a.generated[-1] == "v0:v0"
     await c.aclose()
+
+
+async def test_an_update_a_crashed_trainer_left_on_the_nodes_does_not_block_the_next(tmp_path):
+    # Another trainer started an update and died: every node is mid-update.
+    from tandem_wire.control import UpdateId
+
+    a, b = GenNode("g1"), GenNode("g2")
+    for n in (a, b):
+        n.ledger.start(UpdateId(1, "0a0b0c0d"))
+    async with client(GenFleet(a, b), tmp_path) as c:
+        await c.update_weights(WEIGHTS, version="v1")
+        assert c.fenced() == []
+    assert (a.version, b.version) == ("v1", "v1") and not a.updating and not b.updating
+
+
+async def test_a_node_that_took_other_chunks_than_the_client_sent_is_refused_the_finish(
+    tmp_path,
+):
+    # B's receipt is not the client's (what B took is not what the client sent): it must not
+    # load, whatever the chunk's answer said.
+    import httpx
+
+    a, b = GenNode("g1"), GenNode("g2")
+    real = b.handle
+
+    def with_a_stray_chunk(request: httpx.Request) -> httpx.Response:
+        answer = real(request)
+        if request.url.path == "/update_weights":  # another caller's chunk lands after it
+            stray = {"update_info": {"path": "another", "names": ["lm_head.weight"]}}
+            real(httpx.Request("POST", "http://g2/update_weights", json=stray))
+        return answer
+
+    b.handle = with_a_stray_chunk
+    async with client(GenFleet(a, b), tmp_path) as c:
+        with pytest.raises(FleetPartialFailure) as err:
+            await c.update_weights(WEIGHTS, version="v1")
+        [failed] = err.value.failed
+        assert (failed["url"], failed["step"], failed["type"]) == (
+            "http://g2",
+            "finish",
+            "weight_update_incomplete",
+        )
+        assert c.fenced() == ["http://g2"]
+    assert (a.version, b.version, b.weights) == ("v1", "v0", "v0") and not b.updating

@@ -270,3 +270,44 @@ async def test_the_version_watch_outlives_a_round_that_fails(monkeypatch):
         with anyio.fail_after(30):
             while len(calls) < 3:
                 await anyio.sleep(0.05)
+
+
+async def test_a_node_that_lost_a_chunk_and_its_abort_loads_nothing_of_the_update():
+    # Chunk 2 of 3 and the door's abort of it never reach B; chunk 3 and the finish do. The
+    # door keeps nothing between steps, so the finish itself must tell B what it lacks.
+    a, b = GenNode("g1"), GenNode("g2")
+    chunks = [["model.embed_tokens.weight"], ["model.layers.0.mlp.weight"], ["lm_head.weight"]]
+    async with app_client(door(GenFleet(a, b))) as c:
+        assert (await c.post("/start_weight_update", json={})).status_code == 200
+        statuses = []
+        for i, names in enumerate(chunks):
+            if i == 1:
+                b.fail.update(update_weights="timeout", abort_weight_update="timeout")
+            info = {"update_info": {"path": "u1", "names": names}}
+            statuses.append((await c.post("/update_weights", json=info)).status_code)
+            b.fail.clear()
+        r = await c.post("/finish_weight_update", json={})  # TRL's finish: no count of its own
+        assert statuses == [200, 502, 200]
+        assert r.status_code == 502
+        assert failed_nodes(r.json()) == [("http://g2", 409, "weight_update_incomplete")]
+        assert a.weights == "u1" and b.weights == "v0"  # B loaded nothing of it
+        assert not b.updating and b.ledger.info("v0", None).applied_seqs == []
+        assert (await c.get("/weight_info")).json()["fenced"] == ["http://g2"]
+        b.generated.clear()
+        assert set(await generate_many(c)) == {200}
+        assert b.generated == [] and a.computed_with() == {"u1"}
+
+
+async def test_an_update_its_trainer_left_mid_way_is_ended_by_the_next_one():
+    # The trainer crashes after its chunk: every node is left mid-update. A new trainer's
+    # update goes through at once, with no operator.
+    a, b = GenNode("g1"), GenNode("g2")
+    async with app_client(door(GenFleet(a, b))) as c:
+        assert (await c.post("/start_weight_update", json={})).status_code == 200
+        r = await c.post("/update_weights", json={"update_info": {"path": "u1"}})
+        assert r.status_code == 200 and a.updating and b.updating
+        assert [s for s, _ in await push_unlabelled(c, "u2")] == [200, 200, 200]
+        assert (a.weights, b.weights) == ("u2", "u2")
+        assert (await c.get("/weight_info")).json()["fenced"] == []
+        await generate_many(c)
+    assert a.computed_with() == b.computed_with() == {"u2"}

@@ -233,6 +233,48 @@ async def test_an_aborted_update_loads_nothing_and_ends_the_update(
         assert tokens(await post(c, req)) != before
 
 
+async def test_a_finish_after_other_chunks_than_the_caller_sent_loads_nothing(
+    app, qwen2_renderer, qwen2_dir, weight_dir
+):
+    # A router sent two chunks; the first (and its abort) never reached this node.
+    from tandem_wire.control import UPDATE_RECEIVED_HEADER, UpdateId, UpdateReceipt
+
+    new = perturbed(qwen2_dir)
+    layers = {n: t for n, t in new.items() if n != PERTURBED}
+    first = save(layers, weight_dir / "layers.safetensors")
+    second = save({PERTURBED: new[PERTURBED]}, weight_dir / "head.safetensors")
+    req = await render(qwen2_renderer, qwen2_dir, [4], **GREEDY)
+    async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
+        before = tokens(await post(c, req))
+        r = await c.post("/start_weight_update", json={})
+        uid = UpdateId.parse(r.json()["update_id"])
+        sent = UpdateReceipt.begin(uid)
+        for f in (first, second):
+            sent = sent.took({"path": f.name})
+        r = await c.post("/update_weights", json={"update_info": {"path": second.name}})
+        assert r.status_code == 200, r.text
+        taken = (await c.get("/weight_info")).json()["receiving"]
+        assert (taken["update_id"], taken["chunks"]) == (str(uid), 1)
+        r = await c.post("/finish_weight_update", json={}, headers={UPDATE_RECEIVED_HEADER: "2:x"})
+        assert (r.status_code, r.json()["error"]["type"]) == (400, "invalid_request")
+        headers = {UPDATE_RECEIVED_HEADER: sent.header()}
+        r = await c.post("/finish_weight_update", json={}, headers=headers)
+        assert (r.status_code, r.json()["error"]["type"]) == (409, "weight_update_incomplete")
+        info = (await c.get("/weight_info")).json()
+        assert (info["updating"], info["update_seq"], info["receiving"]) == (False, 0, None)
+        assert tokens(await post(c, req)) == before  # the head alone was not loaded either
+        # Both chunks, and the receipt they make: loaded.
+        r = await c.post("/start_weight_update", json={})
+        sent = UpdateReceipt.begin(UpdateId.parse(r.json()["update_id"]))
+        for f in (first, second):
+            await c.post("/update_weights", json={"update_info": {"path": f.name}})
+            sent = sent.took({"path": f.name})
+        headers = {UPDATE_RECEIVED_HEADER: sent.header()}
+        r = await c.post("/finish_weight_update", json={}, headers=headers)
+        assert r.status_code == 200, r.text
+        assert tokens(await post(c, req)) != before
+
+
 async def test_version_label_without_new_weights(app, qwen2_dir, weight_dir):
     async with app_client(app) as c, restored(c, qwen2_dir, weight_dir):
         r = await c.post("/update_weight_version", json={"new_version": "relabelled"})
