@@ -10,6 +10,7 @@ from dataclasses import replace
 from tandem_http import (
     ADMIN_KEY_ENV,
     add_body_deadline_flags,
+    add_send_deadline_flags,
     keys_from_env,
     serve_settings,
     settings_from_cli,
@@ -181,6 +182,7 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         "quarter of the memory limit, cgroup or RAM, shared among the workers; 0: no budget)",
     )
     add_body_deadline_flags(p)
+    add_send_deadline_flags(p)
     p.add_argument(
         "--upstream-keepalive-s",
         type=float,

@@ -21,6 +21,7 @@ from tandem_http import (
     AdmissionGate,
     BodyDeadline,
     ControlAccess,
+    SendDeadline,
     add_server_info_routes,
     admitted,
     body_chunks,
@@ -129,6 +130,7 @@ def create_app(
         settings.api_key,
         settings.admin_api_key,
         BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+        send_deadline=SendDeadline.of(settings.send_timeout_s, settings.send_min_rate),
     )
     app.add_exception_handler(ClientGone, _client_gone)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tandem_client.discovery import parse_node_spec
-from tandem_http import BodyDeadline, settings_from_json, settings_to_json
+from tandem_http import BodyDeadline, SendDeadline, settings_from_json, settings_to_json
 from tandem_http.draining import KEEP_ALIVE_S
 
 __all__ = ["FrontSettings", "LogprobsFormat", "SETTINGS_ENV"]
@@ -141,6 +141,15 @@ class FrontSettings:
 
     body_min_rate: int = BodyDeadline.min_rate
     """Bytes per second a request body must keep on average once ``body_timeout_s`` is spent."""
+
+    send_timeout_s: float = SendDeadline.timeout_s
+    """An answer's grace and the longest a write of it may wait on a caller that does not
+    read, in seconds: past either, the connection is cut and the request let go, as when its
+    caller hangs up (``tandem_http.SendDeadline``); 0: no deadline."""
+
+    send_min_rate: int = SendDeadline.min_rate
+    """Bytes per second a caller must read its answer at on average, in the time writes wait
+    on it, once ``send_timeout_s`` is spent."""
 
     upstream_keepalive_s: float = 30.0
     """How long an idle connection to a node is kept for reuse, in seconds. Must be shorter

@@ -18,6 +18,7 @@ from tandem_http import (
     DrainingConfig,
     DrainingServer,
     add_body_deadline_flags,
+    add_send_deadline_flags,
     keys_from_env,
 )
 
@@ -125,6 +126,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "cgroup or RAM; 0: no byte budget)",
     )
     add_body_deadline_flags(ours)
+    add_send_deadline_flags(ours)
     ours.add_argument(
         "--allow-request-priority",
         action="store_true",
@@ -208,6 +210,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         max_held_bytes=args.max_held_bytes,
         body_timeout_s=args.body_timeout_s,
         body_min_rate=args.body_min_rate,
+        send_timeout_s=args.send_timeout_s,
+        send_min_rate=args.send_min_rate,
         item_cache_bytes=args.item_cache_bytes,
         allow_request_priority=args.allow_request_priority,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,

@@ -21,6 +21,7 @@ from tandem_http import (
     BadRequest,
     BodyDeadline,
     ControlAccess,
+    SendDeadline,
     add_server_info_routes,
     admitted,
     held_bytes_budget,
@@ -130,6 +131,7 @@ def create_app(
         settings.admin_api_key,
         BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
         settings.door_api_key,
+        SendDeadline.of(settings.send_timeout_s, settings.send_min_rate),
     )
 
     def service(request: Request) -> GenerateService:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem_http import BodyDeadline
+from tandem_http import BodyDeadline, SendDeadline
 
 __all__ = ["ENGINE_MM_PROCESSOR_CACHE_GB", "ONEDNN_KERNEL_CACHE", "GenerateSettings"]
 
@@ -87,6 +87,15 @@ class GenerateSettings:
 
     body_min_rate: int = BodyDeadline.min_rate
     """Bytes per second a request body must keep on average once ``body_timeout_s`` is spent."""
+
+    send_timeout_s: float = SendDeadline.timeout_s
+    """An answer's grace and the longest a write of it may wait on a caller that does not
+    read, in seconds: past either, the connection is cut and the request let go, as when its
+    caller hangs up (``tandem_http.SendDeadline``); 0: no deadline."""
+
+    send_min_rate: int = SendDeadline.min_rate
+    """Bytes per second a caller must read its answer at on average, in the time writes wait
+    on it, once ``send_timeout_s`` is spent."""
 
     allow_request_priority: bool = False
     """Honour the ``priority`` a request sets (with ``--scheduling-policy priority`` a caller

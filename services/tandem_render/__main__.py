@@ -6,7 +6,12 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from tandem_http import add_body_deadline_flags, serve_settings, settings_from_cli
+from tandem_http import (
+    add_body_deadline_flags,
+    add_send_deadline_flags,
+    serve_settings,
+    settings_from_cli,
+)
 from tandem_vllm.parser_flags import add_parser_flags, check_parser_flags
 
 from .settings import SETTINGS_ENV, RenderSettings
@@ -103,6 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         "shared by the workers; 0: no byte budget)",
     )
     add_body_deadline_flags(p)
+    add_send_deadline_flags(p)
     p.add_argument(
         "--item-cache-bytes",
         type=int,

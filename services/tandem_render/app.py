@@ -16,6 +16,7 @@ from tandem_http import (
     AdmissionGate,
     BodyDeadline,
     PartsResponse,
+    SendDeadline,
     add_server_info_routes,
     admitted,
     held_bytes_budget,
@@ -104,6 +105,7 @@ def create_app(settings: RenderSettings, renderer: Renderer | None = None) -> Fa
         lifespan,
         settings.api_key,
         body_deadline=BodyDeadline.of(settings.body_timeout_s, settings.body_min_rate),
+        send_deadline=SendDeadline.of(settings.send_timeout_s, settings.send_min_rate),
     )
 
     async def request_body(request: Request) -> tuple[bytes, Any, Any, frozenset[str], bool]:

@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem_http import BodyDeadline, settings_from_json, settings_to_json, usable_cores
+from tandem_http import (
+    BodyDeadline,
+    SendDeadline,
+    settings_from_json,
+    settings_to_json,
+    usable_cores,
+)
 
 from .media import MediaPolicy
 
@@ -129,6 +135,15 @@ class RenderSettings:
 
     body_min_rate: int = BodyDeadline.min_rate
     """Bytes per second a request body must keep on average once ``body_timeout_s`` is spent."""
+
+    send_timeout_s: float = SendDeadline.timeout_s
+    """An answer's grace and the longest a write of it may wait on a caller that does not
+    read, in seconds: past either, the connection is cut and the request let go, as when its
+    caller hangs up (``tandem_http.SendDeadline``); 0: no deadline."""
+
+    send_min_rate: int = SendDeadline.min_rate
+    """Bytes per second a caller must read its answer at on average, in the time writes wait
+    on it, once ``send_timeout_s`` is spent."""
 
     item_cache_bytes: int = 128 * 1024 * 1024
     """Bytes of encoded items kept per worker, keyed by mm_hash (media + processor kwargs)."""

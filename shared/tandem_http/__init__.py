@@ -53,6 +53,13 @@ from .metrics import (
     prepare_multiprocess_dir,
 )
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
+from .send import (
+    SendDeadline,
+    SendDeadlineMiddleware,
+    SendTimeout,
+    TransportInScope,
+    add_send_deadline_flags,
+)
 from .server import run_server, usable_cores
 from .service_app import add_server_info_routes, models_response, service_app
 from .settings_json import (
@@ -90,8 +97,13 @@ __all__ = [
     "PartsResponse",
     "PromptTooLong",
     "RequestIdMiddleware",
+    "SendDeadline",
+    "SendDeadlineMiddleware",
+    "SendTimeout",
     "Slot",
+    "TransportInScope",
     "add_body_deadline_flags",
+    "add_send_deadline_flags",
     "admitted",
     "api_keys",
     "is_admin",

@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tandem_wire import error_types
 
 from .errors import send_error
+from .send import TransportInScope
 
 __all__ = ["DRAINING_HEADER", "Drain", "DrainGate", "DrainingConfig", "DrainingServer"]
 
@@ -91,7 +92,8 @@ together, and a request sent as the server closed failed with a reset (1 in 5410
 
 
 class DrainingConfig(uvicorn.Config):
-    """uvicorn's Config whose loaded app sits behind a DrainGate on ``drain``."""
+    """uvicorn's Config whose loaded app sits behind a DrainGate on ``drain``, each request's
+    scope holding its connection's transport (``TransportInScope``, for the send deadline)."""
 
     def __init__(self, app: object, *, drain: Drain, **kwargs: object) -> None:
         kwargs.setdefault("timeout_graceful_shutdown", int(_CLOSE_GRACE_S))
@@ -101,7 +103,7 @@ class DrainingConfig(uvicorn.Config):
 
     def load(self) -> None:
         super().load()
-        self.loaded_app = DrainGate(self.loaded_app, self.drain)
+        self.loaded_app = DrainGate(TransportInScope(self.loaded_app), self.drain)
 
 
 class DrainingServer(uvicorn.Server):

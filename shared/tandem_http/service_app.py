@@ -15,6 +15,7 @@ from .body import AcceptEncodingMiddleware, BodyDeadline, BodyDeadlineMiddleware
 from .errors import install_error_handlers
 from .memory import startup_objects_frozen
 from .request_id import RequestIdMiddleware
+from .send import SendDeadline, SendDeadlineMiddleware
 
 __all__ = ["add_server_info_routes", "models_response", "service_app"]
 
@@ -26,12 +27,14 @@ def service_app(
     admin_key: str | Sequence[str] | None = None,
     body_deadline: BodyDeadline | None = None,
     proxy_key: str | Sequence[str] | None = None,
+    send_deadline: SendDeadline | None = None,
 ) -> FastAPI:
     """An app with the API-key check (``/health`` open; ``admin_key``: the keys that may also
     change engine state, see ``ControlAccess``; ``proxy_key``: the keys of front doors, whose
     ``TENANT_HEADER`` names their caller), request ids, the error handlers and
     ``Accept-Encoding: zstd`` on every answer (its routes read bodies with ``read_body``, which
-    decodes them), and every request body on ``body_deadline`` (408 ``body_timeout`` past it).
+    decodes them), every request body on ``body_deadline`` (408 ``body_timeout`` past it) and
+    every answer on ``send_deadline`` (the connection cut past it).
     FastAPI's own schema route is off: its routes read raw wire bodies, so each service serves
     a document with their schemas filled in (``tandem_http.openapi``). While it serves, the
     objects its start-up left are frozen out of the cyclic garbage collector
@@ -56,6 +59,8 @@ def service_app(
     app.add_middleware(BodyDeadlineMiddleware, deadline=body_deadline)
     # Outermost: 401s and the error handlers' answers advertise it too.
     app.add_middleware(AcceptEncodingMiddleware)
+    # Closest to the server: every answer's writes are timed, whoever sends them.
+    app.add_middleware(SendDeadlineMiddleware, deadline=send_deadline)
     install_error_handlers(app)
     return app
 
