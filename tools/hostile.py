@@ -1,10 +1,10 @@
 """Hostile clients against running services, for the budget tests and their measurements:
-bodies that trickle, bodies that inflate, media that decode large, and how long a normal
-request waits beside them.
+bodies that trickle, bodies that inflate, media that decode large, callers that never read
+their answers, and how long a normal request waits beside them.
 
-``python -m tools.hostile slow URL PATH`` and ``python -m tools.hostile zstd URL PATH PID``
-print what one attack does to a running server (the before/after figures on
-``docs/hostile-and-soak.md`` come from these).
+``python -m tools.hostile slow URL PATH``, ``python -m tools.hostile unread URL PATH`` and
+``python -m tools.hostile zstd URL PATH PID`` print what one attack does to a running server
+(the before/after figures on ``docs/hostile-and-soak.md`` come from these).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import psutil
 
 __all__ = [
     "MediaServer",
+    "NonReaders",
     "PeakRss",
     "SlowBodies",
     "inflating_body",
@@ -102,6 +103,81 @@ class SlowBodies:
                 self.statuses[i] = int(line[1]) if len(line) > 1 and line[1].isdigit() else 0
                 sock.close()
                 self._socks[i] = None
+
+
+class NonReaders:
+    """``count`` connections that each send a whole request (``body``, JSON unless
+    ``headers`` say otherwise) and never read its answer, their receive buffers shrunk to
+    ``rcvbuf`` bytes, so that the server's writes soon wait on them. Open with ``with``;
+    ``statuses()`` peeks at each answer's status line without reading it (None: nothing came
+    yet), ``cut()`` counts the connections the server has closed or reset."""
+
+    def __init__(
+        self,
+        url: str,
+        path: str,
+        count: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        rcvbuf: int = 4096,
+    ) -> None:
+        self.url, self.path, self.count, self.body = url, path, count, body
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.rcvbuf = rcvbuf
+        self.socks: list[socket.socket] = []
+
+    def __enter__(self) -> NonReaders:
+        parts = urlsplit(self.url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        head = [
+            f"POST {self.path} HTTP/1.1",
+            f"Host: {host}:{port}",
+            f"Content-Length: {len(self.body)}",
+            *(f"{k}: {v}" for k, v in self.headers.items()),
+        ]
+        request = ("\r\n".join(head) + "\r\n\r\n").encode() + self.body
+        for _ in range(self.count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # Before connecting: the window the server sees stays this small.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+            sock.settimeout(30)
+            sock.connect((host, port))
+            sock.sendall(request)
+            sock.setblocking(False)
+            self.socks.append(sock)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sock in self.socks:
+            sock.close()
+
+    def _peek(self, sock: socket.socket) -> bytes | None:
+        """The answer's first bytes, left unread; None when none came (or none can)."""
+        try:
+            return sock.recv(64, socket.MSG_PEEK)
+        except OSError:
+            return None
+
+    def statuses(self) -> list[int | None]:
+        out: list[int | None] = []
+        for sock in self.socks:
+            head = self._peek(sock)
+            line = (head or b"").split(b"\r\n", 1)[0].split()
+            out.append(int(line[1]) if len(line) > 1 and line[1].isdigit() else None)
+        return out
+
+    def cut(self) -> int:
+        """Connections the server closed or reset (their unread bytes may still be queued
+        here, so reading would not tell: the kernel's TCP state does)."""
+        return sum(_tcp_state(sock) != _TCP_ESTABLISHED for sock in self.socks)
+
+
+_TCP_ESTABLISHED = 1
+"""``tcpi_state`` of an open connection (Linux ``TCP_INFO``; its first byte)."""
+
+
+def _tcp_state(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
 
 
 class MediaServer:
@@ -241,6 +317,13 @@ def _main() -> None:
     slow.add_argument("--every-s", type=float, default=5.0)
     slow.add_argument("--limit-s", type=float, default=120.0)
     slow.add_argument("--normal", required=True, help="the normal request's JSON body")
+    unread = sub.add_parser("unread", help="callers that never read, beside a normal request")
+    unread.add_argument("url")
+    unread.add_argument("path")
+    unread.add_argument("--count", type=int, default=64)
+    unread.add_argument("--body", required=True, help="the unread requests' JSON body")
+    unread.add_argument("--normal", required=True, help="the normal request's JSON body")
+    unread.add_argument("--limit-s", type=float, default=120.0)
     z = sub.add_parser("zstd", help="bodies that inflate, and the server's RSS")
     z.add_argument("url")
     z.add_argument("path")
@@ -249,7 +332,23 @@ def _main() -> None:
     z.add_argument("--inflate-mib", type=int, default=64)
     z.add_argument("--document", default="{}")
     args = p.parse_args()
-    if args.attack == "slow":
+    if args.attack == "unread":
+        normal = json.loads(args.normal)
+        body = json.dumps(json.loads(args.body)).encode()
+        with NonReaders(args.url, args.path, args.count, body) as readers:
+            time.sleep(1.0)
+            seconds, seen = serve_time(
+                lambda: httpx.post(f"{args.url}{args.path}", json=normal, timeout=60),
+                args.limit_s,
+            )
+            report = {
+                "served_after_s": seconds,
+                "refused": sum(s == 429 for s in seen),
+                "unread_statuses": readers.statuses(),
+                "cut": readers.cut(),
+            }
+        print(json.dumps(report))
+    elif args.attack == "slow":
         normal = json.loads(args.normal)
         with SlowBodies(args.url, args.path, args.count, every_s=args.every_s) as slow_bodies:
             time.sleep(1.0)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
+import struct
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -34,8 +36,14 @@ _FLUSH_POLL_S = (0.01, 0.5)
 at most (the interval doubles in between)."""
 
 
+_RESET = struct.pack("ii", 1, 0)
+"""``SO_LINGER`` on, for 0 s: closing the socket resets the connection."""
+
+
 class _Transport(Protocol):
     def get_write_buffer_size(self) -> int: ...
+
+    def get_extra_info(self, name: str) -> Any: ...
 
     def abort(self) -> None: ...
 
@@ -127,6 +135,10 @@ class SendDeadlineMiddleware:
             await self.app(scope, receive, timed)
         except SendTimeout:
             pass  # already logged; the server closes what the app left unfinished
+        if timed.cut:
+            # The server learns of the abort on the loop's next turn: returned before it, the
+            # answer would look abandoned by the app rather than by its caller.
+            await asyncio.sleep(0)
 
 
 class _TimedSend:
@@ -141,7 +153,7 @@ class _TimedSend:
         """Bytes handed to the server so far."""
         self._waited = 0.0
         """Seconds the answer's writes have waited on the caller so far."""
-        self._cut = False
+        self.cut = False
 
     def _room(self, read: int) -> float:
         """Seconds the next wait may last, ``read`` bytes having been taken by the caller."""
@@ -149,7 +161,7 @@ class _TimedSend:
         return min(d.timeout_s, d.timeout_s + read / d.min_rate - self._waited)
 
     async def __call__(self, message: Message) -> None:
-        if self._cut:
+        if self.cut:
             return  # as a server's send for a caller that left
         start = self._loop.time()
         try:
@@ -188,7 +200,7 @@ class _TimedSend:
             poll = min(poll * 2, _FLUSH_POLL_S[1])
 
     def _late(self) -> None:
-        self._cut = True
+        self.cut = True
         d = self._deadline
         log.info(
             "answer not read in time (%d bytes written, %.0f s waiting on the caller; each "
@@ -200,6 +212,10 @@ class _TimedSend:
         )
         if self._transport is None:
             raise SendTimeout("the answer was not read in time")
-        # Dropped with its buffered bytes (a close would wait to write them, for ever); the
-        # server then tells the app its caller left.
+        # Reset, its buffered bytes dropped, the kernel's too (a close would wait to write
+        # them, for ever; nginx's reset_timedout_connection); the server then tells the app
+        # its caller left.
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
         self._transport.abort()

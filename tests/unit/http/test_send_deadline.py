@@ -8,6 +8,8 @@ read by a caller at a chosen rate; the real server is driven in
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -44,6 +46,9 @@ class Transport:
 
     def get_write_buffer_size(self) -> int:
         return self.buffered
+
+    def get_extra_info(self, name: str) -> None:
+        return None
 
     def write(self, data: bytes) -> None:
         self.buffered += len(data)
@@ -229,3 +234,73 @@ async def test_without_a_deadline_a_caller_that_never_reads_is_waited_for():
 def test_the_flags_zero_turns_the_deadline_off() -> None:
     assert SendDeadline.of(0, 1000) is None
     assert SendDeadline.of(30, 0) == SendDeadline(30, 1)
+
+
+# -- over a real socket: uvicorn's own send waits on TCP flow control --------------------------
+
+
+def serve_big_answers(deadline: SendDeadline | None):
+    """A DrainingServer on a free port in a thread, one route answering 16 MiB: (url, gate,
+    stop)."""
+    import socket
+    import threading
+
+    from tandem_http import Drain, DrainingConfig, DrainingServer, service_app
+
+    gate = AdmissionGate(4, "tandem_send_real", CollectorRegistry())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+
+    app = service_app("t", lifespan, None, send_deadline=deadline)
+
+    @app.post("/big")
+    @admitted(gate)
+    async def big(request: Request) -> Response:
+        return PartsResponse([b"x" * (4 << 20)] * 4)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = DrainingConfig(app, drain=Drain(), host="127.0.0.1", port=port, log_level="warning")
+    server = DrainingServer(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(10)
+
+    return f"http://127.0.0.1:{port}", gate, stop
+
+
+def test_a_real_server_cuts_a_caller_that_never_reads_and_frees_its_slot():
+    from tools.hostile import NonReaders
+
+    url, gate, stop = serve_big_answers(SendDeadline(timeout_s=0.5, min_rate=1 << 20))
+    try:
+        with NonReaders(url, "/big", 1, b"{}") as unread:
+            deadline = time.monotonic() + 10
+            while (gate.current or not unread.cut()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert gate.current == 0 and unread.cut() == 1
+    finally:
+        stop()
+
+
+def test_without_a_deadline_a_real_server_waits_on_a_caller_that_never_reads():
+    from tools.hostile import NonReaders
+
+    url, gate, stop = serve_big_answers(None)
+    try:
+        with NonReaders(url, "/big", 1, b"{}") as unread:
+            deadline = time.monotonic() + 10
+            while not gate.current and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.5)
+            assert gate.current == 1 and unread.cut() == 0  # held for as long as it stays
+    finally:
+        stop()
