@@ -181,6 +181,20 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         help="bytes of request bodies one worker holds before answering 429 (default: a "
         "quarter of the memory limit, cgroup or RAM, shared among the workers; 0: no budget)",
     )
+    p.add_argument(
+        "--max-background-responses",
+        type=int,
+        help="background Responses one worker runs at once; past it, 429 (each also holds a "
+        "place and its bytes against --max-pending and --max-held-bytes until it ends) "
+        f"(default: {FrontSettings.max_background_responses})",
+    )
+    p.add_argument(
+        "--responses-store-bytes",
+        type=int,
+        help="bytes of the Responses store one worker keeps (VLLM_ENABLE_RESPONSES_API_STORE=1): "
+        "inputs, answers and background events; past it the oldest responses are evicted "
+        f"(default: {FrontSettings.responses_store_bytes})",
+    )
     add_body_deadline_flags(p)
     add_send_deadline_flags(p)
     p.add_argument(

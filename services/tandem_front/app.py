@@ -115,7 +115,7 @@ def create_app(
             answer_side = VllmAnswers(settings)
         app.state.upstreams = upstreams
         app.state.forwarder = forwarder
-        app.state.openai = OpenAIService(settings, upstreams, forwarder, answer_side)
+        app.state.openai = OpenAIService(settings, upstreams, forwarder, answer_side, gate)
         try:
             yield
         finally:
@@ -204,7 +204,7 @@ def create_app(
     @app.post("/v1/responses/{response_id}/cancel")
     @admitted(gate)
     async def cancel_response(request: Request) -> Response:
-        return await openai(request).cancel_response(request.path_params["response_id"])
+        return await openai(request).cancel_response(request.path_params["response_id"], request)
 
     @app.post("/v1/messages/count_tokens")
     @admitted(gate)

@@ -10,6 +10,7 @@ __all__ = [
     "UpstreamUnavailable",
     "UpstreamError",
     "UpstreamTimeout",
+    "UpstreamRefused",
     "ControlPartialFailure",
 ]
 
@@ -38,6 +39,16 @@ class UpstreamTimeout(FrontError):
 
     status_code = 504
     type = error_types.UPSTREAM_TIMEOUT
+
+
+class UpstreamRefused(FrontError):
+    """An upstream's typed refusal (its status, ``type`` and message) where no HTTP answer can
+    pass it on unchanged: a background response, which runs on after its request."""
+
+    def __init__(self, status_code: int, type_: str, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.type = type_
 
 
 class ControlPartialFailure(FrontError):

@@ -21,7 +21,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tandem_client.routing import affinity_key
-from tandem_http import BadRequest, request_id_of, slot_of
+from tandem_http import (
+    AdmissionGate,
+    BadRequest,
+    Overloaded,
+    Slot,
+    principal_of,
+    request_id_of,
+    slot_of,
+)
 from tandem_wire import (
     PROMPT_TOKENS_DETAILS_HEADER,
     SYSTEM_FINGERPRINT_HEADER,
@@ -39,7 +47,7 @@ from tandem_wire import (
     new_request_id,
 )
 
-from .errors import UpstreamError
+from .errors import UpstreamError, UpstreamRefused
 from .proxy import (
     Forwarder,
     HandedOver,
@@ -128,6 +136,8 @@ class Written:
     status: int
     document: bytes = b""
     events: AsyncIterator[bytes] | None = None
+    running: asyncio.Future[Any] | None = None
+    """A background response's run, which goes on after this answer (done when it ends)."""
 
 
 class Answers(Protocol):
@@ -154,18 +164,22 @@ class Answers(Protocol):
         """``/v1/messages/count_tokens``: the chat body whose rendered prompt is counted."""
         ...
 
-    async def responses(self, body: dict[str, Any], hops: ResponsesHops) -> Written:
-        """``/v1/responses``: raises BadRequest for a body vLLM's server refuses."""
+    async def responses(
+        self, body: dict[str, Any], hops: ResponsesHops, tenant: str, size: int
+    ) -> Written:
+        """``/v1/responses``: raises BadRequest for a body vLLM's server refuses. ``tenant``:
+        who asks (a stored response is its own: another tenant's is as unknown); ``size``:
+        the body's bytes (what its stored input is counted as)."""
         ...
 
     async def retrieve_response(
-        self, response_id: str, starting_after: int | None, stream: bool
+        self, response_id: str, starting_after: int | None, stream: bool, tenant: str
     ) -> Written:
-        """``GET /v1/responses/{response_id}``."""
+        """``GET /v1/responses/{response_id}`` (``tenant``'s own only)."""
         ...
 
-    async def cancel_response(self, response_id: str) -> Written:
-        """``POST /v1/responses/{response_id}/cancel``."""
+    async def cancel_response(self, response_id: str, tenant: str) -> Written:
+        """``POST /v1/responses/{response_id}/cancel`` (``tenant``'s own only)."""
         ...
 
 
@@ -202,12 +216,17 @@ class OpenAIService:
         upstreams: Upstreams,
         forwarder: Forwarder,
         answers: Answers,
+        gate: AdmissionGate | None = None,
     ) -> None:
         self.settings = settings
         self.upstreams = upstreams
         self.forwarder = forwarder
         self.answers = answers
+        self.gate = gate
+        """The worker's admission, which background responses are held against too."""
         self._max_model_len: int | None = None
+        self._background = 0
+        """Background responses running in this worker."""
 
     # -- routes --------------------------------------------------------------------------
 
@@ -262,17 +281,67 @@ class OpenAIService:
         prompt rendered on a render node and generated on a generate node (``_ResponsesTurn``);
         render's and generate's refusals pass unchanged, as on the chat route."""
         doc = _parsed(body, request)
-        turn = _ResponsesTurn(self, request, background=doc.get("background") is True)
+        background = doc.get("background") is True
+        slot = self._background_slot(request, len(body)) if background else slot_of(request)
+        turn = _ResponsesTurn(self, request, slot, background)
+        running: asyncio.Future[Any] | None = None
         try:
-            written = await self.answers.responses(doc, turn)
-            if written.events is None:
+            written = await self.answers.responses(doc, turn, principal_of(request), len(body))
+            running, events = written.running, written.events
+            if events is None:
                 return _document(written)
-            # The status line waits until generate took the request, so that its refusal
-            # is an HTTP answer here too (vLLM's first events come before generation).
-            head = await _until(lambda: turn.opened, written.events)
+            head: list[bytes] = []
+            if not background:
+                # The status line waits until generate took the request, so that its refusal
+                # is an HTTP answer here too (vLLM's first events come before generation). A
+                # background run's events are sent as they come, as vllm serve sends them: a
+                # refusal ends that run failed, with its error (``vllm_answers``).
+                head = await _until(lambda: turn.opened, events)
         except _PassThrough as refused:
             return refused.response
-        return _event_stream(_chained(head, written.events), request, turn.close)
+        finally:
+            if background:
+                self._hold_until_done(slot, running)
+        return _event_stream(_chained(head, events), request, turn.close)
+
+    def _background_slot(self, request: Request, parsed: int) -> Slot | None:
+        """A background response's own admission, held until its run ends (it outlives its
+        request): a place and the document parsed from its body (moved here from the
+        request's charge), then render's answer until generate has it. 429 past
+        ``max_background_responses``, or when the worker's admission has no room."""
+        limit = self.settings.max_background_responses
+        if self._background >= limit:
+            raise Overloaded(
+                f"{self._background} background responses are running, the most this worker "
+                "runs; retry",
+                retry_after=1,
+                details={
+                    "background_responses": self._background,
+                    "max_background_responses": limit,
+                },
+            )
+        if self.gate is None:
+            return None
+        slot = self.gate.admit(parsed)
+        own = slot_of(request)
+        if own is not None:
+            own.give_back(parsed)  # the parsed document is the background response's now
+        self._background += 1
+        return slot
+
+    def _hold_until_done(self, slot: Slot | None, running: asyncio.Future[Any] | None) -> None:
+        """``slot`` (from ``_background_slot``) released once ``running`` ends (now: no run)."""
+        if slot is None:
+            return
+
+        def done(_: object = None) -> None:
+            slot.release()
+            self._background -= 1
+
+        if running is None:
+            done()
+        else:
+            running.add_done_callback(done)
 
     async def retrieve_response(self, response_id: str, request: Request) -> Response:
         """``GET /v1/responses/{response_id}``: a response stored by this door worker."""
@@ -282,15 +351,15 @@ class OpenAIService:
             raise BadRequest("starting_after must be an integer", param="starting_after")
         stream = _query_flag(query.get("stream"), "stream")
         written = await self.answers.retrieve_response(
-            response_id, None if after is None else int(after), stream
+            response_id, None if after is None else int(after), stream, principal_of(request)
         )
         if written.events is None:
             return _document(written)
         return _event_stream(written.events, request, None)
 
-    async def cancel_response(self, response_id: str) -> Response:
+    async def cancel_response(self, response_id: str, request: Request) -> Response:
         """``POST /v1/responses/{response_id}/cancel``: a background response of this worker."""
-        return _document(await self.answers.cancel_response(response_id))
+        return _document(await self.answers.cancel_response(response_id, principal_of(request)))
 
     async def count_tokens(self, body: bytes, request: Request) -> Response:
         """``/v1/messages/count_tokens``: the rendered prompt's length, as ``vllm serve``'s."""
@@ -372,10 +441,12 @@ class OpenAIService:
     async def _read(self, node: Node, response: httpx.Response) -> bytes:
         return await self.forwarder.read(node, response)
 
-    async def _render(self, path: str, body: bytes, request: Request) -> bytes:
+    async def _render(
+        self, path: str, body: bytes, request: Request, slot: Slot | None = None
+    ) -> bytes:
         """Render's answer, at most what a generate node takes (it is sent there), charged to
-        the request's admission bytes as it arrives; they are given back once generate has
-        the rendered request (``_open_generate``)."""
+        the request's admission bytes (``slot``: another admission's) as it arrives; they are
+        given back once generate has the rendered request (``_open_generate``)."""
         headers = self._headers(request, "application/json")
         # The answer goes to our own generate nodes: the model's exact wire transforms are
         # understood there, and cut the bytes of each first-seen item.
@@ -386,7 +457,7 @@ class OpenAIService:
         if response.status_code != 200:
             raw = await self._read(node, response)
             raise _PassThrough(_passed(response, raw))
-        slot = slot_of(request)
+        slot = slot_of(request) if slot is None else slot
         cap = await self.upstreams.generate_body_cap(0)
         return await self.forwarder.read(node, response, cap, slot)
 
@@ -432,9 +503,9 @@ class OpenAIService:
         )
 
     async def _open_generate(
-        self, relay: _Relayed, request: Request
+        self, relay: _Relayed, request: Request, slot: Slot | None = None
     ) -> tuple[Node, httpx.Response]:
-        slot = slot_of(request)
+        slot = slot_of(request) if slot is None else slot
         body = HandedOver(relay.pieces)
         if slot is not None:
             slot.take(body.copied)  # its own pieces, held until a node has it
@@ -504,9 +575,11 @@ class OpenAIService:
         return Relay(tail, release, media_type="text/event-stream")
 
     async def _open_all(
-        self, relays: list[_Relayed], request: Request
+        self, relays: list[_Relayed], request: Request, slot: Slot | None = None
     ) -> list[tuple[Node, httpx.Response]]:
-        tasks = [asyncio.ensure_future(self._open_generate(r, request)) for r in relays]
+        """Every relay's generate request opened, each body charged to the request's
+        admission (``slot``: another admission's) until a node has it."""
+        tasks = [asyncio.ensure_future(self._open_generate(r, request, slot)) for r in relays]
         handed = False
         try:
             # The first refusal is the answer: the others are not waited for (a node may
@@ -572,13 +645,17 @@ class _Sampled:
 
 class _ResponsesTurn:
     """``ResponsesHops`` for one door request: render's answer is held from the render hop
-    to the generate hop (charged to the request's admission bytes until generate has it),
-    and the generate answers it opened are closed however the caller's answer ends (a
-    background response's are not: it runs on after its request)."""
+    to the generate hop (charged to ``slot``, the request's admission or a background
+    response's own, until generate has it), and the generate answers it opened are closed
+    however the caller's answer ends (a background response's are not: it runs on after its
+    request, and a refusal of its generate hop is its typed error, ``UpstreamRefused``)."""
 
-    def __init__(self, service: OpenAIService, request: Request, background: bool) -> None:
+    def __init__(
+        self, service: OpenAIService, request: Request, slot: Slot | None, background: bool
+    ) -> None:
         self.service = service
         self.request = request
+        self.slot = slot
         self.background = background
         self.opened = False
         self._raw = b""
@@ -587,7 +664,7 @@ class _ResponsesTurn:
 
     async def render(self, chat_body: bytes) -> list[int]:
         path = "/v1/chat/completions/render"
-        self._raw = await self.service._render(path, chat_body, self.request)
+        self._raw = await self.service._render(path, chat_body, self.request, self.slot)
         self._rendered = _decoded(decode_generate_request, self._raw)  # read once
         return list(self._rendered.token_ids)
 
@@ -624,11 +701,15 @@ class _ResponsesTurn:
         relays = self.service._relays(raw, [rendered], plan, [request_id], False, usage)
         relays[0].headers[PROMPT_TOKENS_DETAILS_HEADER] = "true"
         held, raw = len(raw), b""
-        ((node, response),) = await self.service._open_all(relays, self.request)
+        try:
+            ((node, response),) = await self.service._open_all(relays, self.request, self.slot)
+        except _PassThrough as refused:
+            if not self.background:
+                raise
+            raise _refusal(refused.response) from None
         relays.clear()
-        slot = slot_of(self.request)
-        if slot is not None:
-            slot.give_back(held)
+        if self.slot is not None:
+            self.slot.give_back(held)
         self._answers.append((node, response))
         self.opened = True
         return node, response
@@ -653,6 +734,16 @@ async def _chained(head: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterat
         yield chunk
     async for chunk in rest:
         yield chunk
+
+
+def _refusal(refused: Response) -> UpstreamRefused:
+    """An upstream's refusal (as ``_passed`` made it) as the door's typed error."""
+    try:
+        error = json.loads(bytes(refused.body))["error"]
+        type_, message = str(error["type"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        type_, message = "upstream_error", "an upstream refused with an unreadable error"
+    return UpstreamRefused(refused.status_code, type_, message[:300])
 
 
 def _document(written: Written) -> Response:

@@ -135,6 +135,18 @@ class FrontSettings:
     declares more). None: a quarter of the memory limit (cgroup, else RAM) shared among the
     workers; 0: no byte budget."""
 
+    max_background_responses: int = 64
+    """Background Responses (``background: true``, the store on) one worker runs at once;
+    past it, 429 ``overloaded`` before anything runs. Each also holds a place and the bytes it
+    keeps (the document parsed from its body, render's answer until generate has it) against
+    ``max_pending`` and ``max_held_bytes`` until it ends, as a request does."""
+
+    responses_store_bytes: int = 256 * 1024 * 1024
+    """Bytes of the Responses store one worker keeps (``VLLM_ENABLE_RESPONSES_API_STORE``):
+    each stored response counts its request body (the input it keeps), the entry it continues
+    (earlier turns), its answer and a background stream's events; past it the oldest are
+    evicted (then 404 as an unknown id), the newest always kept."""
+
     body_timeout_s: float = BodyDeadline.timeout_s
     """A request body's grace and the longest pause within it, in seconds: past either, 408
     ``body_timeout`` and the request is let go (``tandem_http.BodyDeadline``); 0: no deadline."""
@@ -208,6 +220,9 @@ class FrontSettings:
             raise ValueError(
                 f"discovery_interval_s must be above 0, not {self.discovery_interval_s}"
             )
+        for name in ("max_background_responses", "responses_store_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)}")
         for name in ("fence_poll_s", "node_timeout_s", "control_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be above 0, not {getattr(self, name)}")

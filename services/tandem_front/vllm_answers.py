@@ -14,14 +14,17 @@ The only module of tandem_front that imports vLLM (a CPU import: tokenizer files
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
 
 import msgspec
+from openai.types.responses import ResponseErrorEvent
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -60,7 +63,14 @@ from tandem_vllm.derender import model_registry, online_options
 from tandem_vllm.sampling import sampling_params_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
 from tandem_vllm.validation import VALIDATOR_SLIPS, first_error
-from tandem_wire import ChoiceLogprobs, GenerateRequest, GenerateResponse, WeightVersionSpan
+from tandem_wire import (
+    ChoiceLogprobs,
+    GenerateRequest,
+    GenerateResponse,
+    TandemHTTPError,
+    WeightVersionSpan,
+    error_types,
+)
 
 from .errors import UpstreamError
 from .openai_service import RenderProbe, ResponsesHops, Written
@@ -342,6 +352,178 @@ async def _sse(events: AsyncGenerator[Any, None]) -> AsyncIterator[bytes]:
         await events.aclose()
 
 
+class _Entry:
+    __slots__ = ("tenant", "nbytes")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.nbytes = 0
+
+
+class _Store:
+    """Whose each stored response is, and what the store holds: vLLM keeps a response's
+    answer, input messages and background events in three dicts keyed by its id (for ever,
+    its own notes say); here each id belongs to the tenant that stored it (another tenant
+    finds it as unknown), and its bytes are counted against ``budget``: past it the oldest
+    are evicted from all three, the newest always kept."""
+
+    def __init__(self, serving: OpenAIServingResponses, budget: int) -> None:
+        self.serving = serving
+        self.budget = budget
+        self.held = 0
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def visible(self, response_id: str, tenant: str) -> bool:
+        """Whether ``tenant`` may read, cancel or continue ``response_id``."""
+        entry = self._entries.get(response_id)
+        return entry is None or entry.tenant == tenant
+
+    def claim(self, response_id: str, tenant: str, nbytes: int, continues: str | None) -> bool:
+        """``response_id`` is ``tenant``'s from now on, its input ``nbytes`` (and the turns of
+        the response it ``continues``, kept again with it); False if it is another's."""
+        entry = self._entries.get(response_id)
+        if entry is not None:
+            if entry.tenant != tenant:
+                return False
+            self.held -= entry.nbytes  # stored again: counted anew
+            entry.nbytes = 0
+            self._entries.move_to_end(response_id)
+        else:
+            self._entries[response_id] = _Entry(tenant)
+        earlier = self._entries.get(continues) if continues is not None else None
+        self.grew(response_id, nbytes + (earlier.nbytes if earlier is not None else 0))
+        return True
+
+    def grew(self, response_id: str, nbytes: int) -> None:
+        """``response_id`` holds ``nbytes`` more (its answer, its events)."""
+        entry = self._entries.get(response_id)
+        if entry is None:
+            return
+        entry.nbytes += nbytes
+        self.held += nbytes
+        while self.held > self.budget and len(self._entries) > 1:
+            oldest, evicted = self._entries.popitem(last=False)
+            self.held -= evicted.nbytes
+            self.settle(oldest)
+
+    def unused(self, response_id: str) -> None:
+        """A claim of a request that stored nothing (refused before vLLM stored it) let go."""
+        serving = self.serving
+        if response_id not in serving.response_store and response_id not in serving.msg_store:
+            entry = self._entries.pop(response_id, None)
+            if entry is not None:
+                self.held -= entry.nbytes
+
+    def settle(self, response_id: str) -> None:
+        """vLLM's entries of a response that is no longer stored let go (evicted while it
+        ran: its run stores its answer at its end)."""
+        if response_id not in self._entries:
+            self.serving.response_store.pop(response_id, None)
+            self.serving.msg_store.pop(response_id, None)
+            self.serving.event_store.pop(response_id, None)
+
+
+_LAST_EVENTS = frozenset({"response.completed", "error"})
+"""The events a response's stream ends with (an ``error`` event: it failed)."""
+
+
+class _DoorResponses(OpenAIServingResponses):
+    """vLLM's Responses serving with what its background mode lacks at the door: a run's
+    event stream can be read before its task has started (vLLM hands it back right after
+    creating the task), a run that fails (a refusal of either hop, or any error) ends
+    ``failed`` with its error and ends its event stream with an ``error`` event (vLLM would
+    leave it ``queued`` and its readers waiting for ever), and the store is ``_Store``'s."""
+
+    store: _Store
+
+    async def create_responses(self, request: ResponsesRequest, raw_request: Any = None) -> Any:
+        answer = await super().create_responses(request, raw_request)
+        if request.background and request.stream and not isinstance(answer, ErrorResponse):
+            # The run's event store, made before its task makes it at its first step: the
+            # stream handed back may be read first.
+            self.event_store.setdefault(request.request_id, (deque(), asyncio.Event()))
+        return answer
+
+    async def responses_full_generator(
+        self, request: ResponsesRequest, *args: Any, **kwargs: Any
+    ) -> ErrorResponse | ResponsesResponse:
+        answer = await super().responses_full_generator(request, *args, **kwargs)
+        if request.store and isinstance(answer, ResponsesResponse):
+            self.store.grew(answer.id, len(answer.model_dump_json()))
+            self.store.settle(answer.id)
+        return answer
+
+    async def _run_background_request(
+        self, request: ResponsesRequest, *args: Any, **kwargs: Any
+    ) -> None:
+        try:
+            await super()._run_background_request(request, *args, **kwargs)
+        except Exception as exc:
+            await self._failed(request.request_id, exc)
+
+    async def _run_background_request_stream(
+        self, request: ResponsesRequest, *args: Any, **kwargs: Any
+    ) -> None:
+        rid = request.request_id
+        made: tuple[deque[Any], asyncio.Event] = (deque(), asyncio.Event())
+        events, signal = cast(Any, self.event_store).setdefault(rid, made)
+        try:
+            async for event in self.responses_stream_generator(request, *args, **kwargs):
+                events.append(event)
+                self.store.grew(rid, len(event.model_dump_json()))
+                signal.set()
+        except Exception as exc:
+            error = await self._failed(rid, exc)
+            events.append(
+                ResponseErrorEvent(type="error", sequence_number=len(events), param=None, **error)
+            )
+        finally:
+            signal.set()
+
+    async def responses_background_stream_generator(
+        self, response_id: str, starting_after: int | None = None
+    ) -> AsyncGenerator[Any, None]:
+        """vLLM's, ending with a failed run's ``error`` event, or with its run whatever it
+        sent (a cancelled run sends no last event)."""
+        if response_id not in self.event_store:
+            raise VLLMValidationError(
+                f"Unknown response_id: {response_id}", parameter="response_id", value=response_id
+            )
+        events, signal = self.event_store[response_id]
+        run = self.background_tasks.get(response_id)
+        at = 0 if starting_after is None else starting_after + 1
+        while True:
+            signal.clear()
+            while at < len(events):
+                event = events[at]
+                yield event
+                if getattr(event, "type", None) in _LAST_EVENTS:
+                    return
+                at += 1
+            if run is None or run.done():
+                return
+            await signal.wait()
+
+    async def _failed(self, response_id: str, exc: Exception) -> dict[str, str]:
+        """The stored response ``failed`` with ``exc`` as its error (``code``, ``message``, as
+        OpenAI's Response carries it), unless it already ended; the error."""
+        if isinstance(exc, TandemHTTPError):
+            error = {"code": exc.type, "message": exc.message}
+        else:
+            log.error("background response %s failed", response_id, exc_info=exc)
+            error = {
+                "code": error_types.INTERNAL_ERROR,
+                "message": f"internal error (response id {response_id})",
+            }
+        async with self.response_store_lock:
+            stored = self.response_store.get(response_id)
+            if stored is not None and stored.status not in ("completed", "cancelled"):
+                stored.status = "failed"
+                # OpenAI's field, which vLLM's model lacks (it takes extra fields).
+                setattr(stored, "error", error)  # noqa: B010
+        return error
+
+
 class VllmAnswers:
     """The answer side of the OpenAI routes, done by vLLM's own code."""
 
@@ -388,12 +570,15 @@ class VllmAnswers:
             **{k: shared[k] for k in _MESSAGES_OPTIONS},
         )
         responses_engine = _ResponsesEngine(model_config, self.tokenizer)
-        self.responses_serving = OpenAIServingResponses(
+        self.responses_serving = _DoorResponses(
             responses_engine,  # type: ignore[arg-type]
             registry,  # type: ignore[arg-type]
             _DoorResponsesRenderer(**shared),
             reasoning_parser=shared["reasoning_parser"] or "",
             **{k: shared[k] for k in _MESSAGES_OPTIONS},  # what vllm serve passes it too
+        )
+        self.responses_serving.store = _Store(
+            self.responses_serving, settings.responses_store_bytes
         )
         responses_engine.answers = self
         if self.responses_serving.enable_store and settings.workers > 1:
@@ -448,9 +633,12 @@ class VllmAnswers:
         document: dict[str, Any] = chat.model_dump(mode="json", exclude_unset=True)
         return document
 
-    async def responses(self, body: dict[str, Any], hops: ResponsesHops) -> Written:
+    async def responses(
+        self, body: dict[str, Any], hops: ResponsesHops, tenant: str, size: int
+    ) -> Written:
         """``/v1/responses``: vLLM's Responses serving, its prompt rendered and generated by
-        ``hops``; the body as vLLM's server validates it (400 if not)."""
+        ``hops``; the body as vLLM's server validates it (400 if not). A stored response is
+        ``tenant``'s: another's is not found, whether continued or named as ``request_id``."""
         request = _validated(ResponsesRequest, body)
         serving = self.responses_serving
         if serving.use_harmony:
@@ -461,6 +649,13 @@ class VllmAnswers:
             if getattr(request, name, None):
                 raise BadRequest(f"{name} is not served on the door's Responses route", param=name)
         self._check_writable(request)
+        store, rid = serving.store, request.request_id
+        earlier = request.previous_response_id
+        if earlier is not None and not store.visible(earlier, tenant):
+            return _written(serving._make_not_found_error(earlier))
+        stored = bool(request.store and serving.enable_store)
+        if stored and not store.claim(rid, tenant, size, earlier):
+            return _written(serving._make_not_found_error(rid))
         token = _HOPS.set(hops)
         try:
             answer = await serving.create_responses(request)
@@ -470,7 +665,13 @@ class VllmAnswers:
             ) from None
         finally:
             _HOPS.reset(token)
-        return _written(answer)
+            if stored:
+                store.unused(rid)
+                store.settle(rid)
+        written = _written(answer)
+        if request.background and not isinstance(answer, ErrorResponse):
+            written.running = serving.background_tasks.get(rid)
+        return written
 
     def _check_writable(self, request: ResponsesRequest) -> None:
         """A request whose fields vLLM's answer cannot carry (``background: null`` and the
@@ -484,17 +685,24 @@ class VllmAnswers:
             raise BadRequest(first_error(exc)) from None
 
     async def retrieve_response(
-        self, response_id: str, starting_after: int | None, stream: bool
+        self, response_id: str, starting_after: int | None, stream: bool, tenant: str
     ) -> Written:
-        """``GET /v1/responses/{id}``: a response this door worker stored."""
-        answer = await self.responses_serving.retrieve_responses(
+        """``GET /v1/responses/{id}``: a response this door worker stored for ``tenant``."""
+        serving = self.responses_serving
+        if not serving.store.visible(response_id, tenant):
+            return _written(serving._make_not_found_error(response_id))
+        answer = await serving.retrieve_responses(
             response_id, starting_after=starting_after, stream=stream
         )
         return _written(answer)
 
-    async def cancel_response(self, response_id: str) -> Written:
-        """``POST /v1/responses/{id}/cancel``: a background response of this door worker."""
-        return _written(await self.responses_serving.cancel_responses(response_id))
+    async def cancel_response(self, response_id: str, tenant: str) -> Written:
+        """``POST /v1/responses/{id}/cancel``: a background response of this door worker
+        (``tenant``'s)."""
+        serving = self.responses_serving
+        if not serving.store.visible(response_id, tenant):
+            return _written(serving._make_not_found_error(response_id))
+        return _written(await serving.cancel_responses(response_id))
 
     def saw_fingerprint(self, fingerprint: str) -> None:
         # vLLM's serving code writes the fingerprint its engine has; here the engine is the
