@@ -65,6 +65,7 @@ FAMILIES: dict[str, Family] = {
             "InternVL (HF format)",
             "InternVLForConditionalGeneration",
             ("image", "video"),
+            "The `-hf` checkpoints (`OpenGVLab/InternVL3-*-hf`); pixels travel as bf16.",
         ),
         Family(
             "mistral3",
@@ -72,8 +73,16 @@ FAMILIES: dict[str, Family] = {
             "Mistral 3 (Pixtral)",
             "Mistral3ForConditionalGeneration",
             ("image",),
+            "With the HF tokenizer (`tokenizer.json`); mistral-common's `tekken.json` is untested.",
         ),
-        Family("glm4.1v", "glm4v", "GLM-4.1V", "Glm4vForConditionalGeneration", ("image", "video")),
+        Family(
+            "glm4.1v",
+            "glm4v",
+            "GLM-4.1V",
+            "Glm4vForConditionalGeneration",
+            ("image", "video"),
+            "One video per prompt (vLLM's limit for this model).",
+        ),
         Family(
             "cohere2-vision",
             "cohere2_vision",
