@@ -89,15 +89,15 @@ def assert_same_features(
                 else content_id(salt or "", b64decode_item_bytes(item))
             )
             assert name == expected
-    config = json.loads((Path(model) / "config.json").read_text())
     assert sorted(ours["mm_placeholders"]) == sorted(theirs["mm_placeholders"])
     for modality, ranges in theirs["mm_placeholders"].items():
+        embedded = embedding_token(model, modality)
         for mine, upstream in zip(ours["mm_placeholders"][modality], ranges, strict=True):
             # Upstream drops is_embed; ours carries it wherever a run holds tokens that take no
             # embedding (Qwen3-VL video timestamps), and leaves it out when all of them do.
             assert sorted(upstream) == ["length", "offset"]
             run = token_ids[upstream["offset"] : upstream["offset"] + upstream["length"]]
-            mask = [t == embedding_token(config, modality) for t in run]
+            mask = [t == embedded for t in run]
             assert mine == (upstream if all(mask) else {**upstream, "is_embed": mask})
     for name in ("kwargs_data", "mm_metadata"):
         mine, upstream = ours[name], theirs[name]
@@ -108,8 +108,20 @@ def assert_same_features(
                 assert_items_equal(a, b)
 
 
-def embedding_token(config: dict[str, Any], modality: str) -> int | None:
-    """The token a model's ``modality`` embeddings replace, by either name configs use."""
+def embedding_token(model: str, modality: str) -> int | None:
+    """The token a model's ``modality`` embeddings replace (vLLM's ``_get_prompt_updates``):
+    by either name configs use, except where the family embeds another token."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    if modality == "video" and config.get("model_type") == "glm4v":
+        # GLM-4.1V's video frames are runs of image tokens between timestamps.
+        return int(config["image_token_id"])
+    if modality == "video" and config.get("model_type") == "internvl":
+        # InternVL's config names no video token: its processor's ``video_token`` is
+        # the tokenizer's (``<video>``), each frame a run of it between ``<img>`` and ``</img>``.
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        return int(tokenizer.convert_tokens_to_ids(tokenizer.video_token))
     for scope in (config, config.get("text_config") or {}):
         for key in (f"{modality}_token_id", f"{modality}_token_index"):
             if scope.get(key) is not None:
