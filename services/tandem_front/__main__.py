@@ -12,6 +12,7 @@ from tandem_http import (
     add_body_deadline_flags,
     add_send_deadline_flags,
     keys_from_env,
+    program_name,
     serve_settings,
     settings_from_cli,
 )
@@ -30,7 +31,7 @@ def _urls(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
-    p = argparse.ArgumentParser(prog="python -m tandem_front", description=__doc__)
+    p = argparse.ArgumentParser(prog=program_name("tandem_front"), description=__doc__)
     env = os.environ.get
     p.add_argument(
         "--render",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from tandem_http import (
     add_body_deadline_flags,
     add_send_deadline_flags,
+    program_name,
     serve_settings,
     settings_from_cli,
 )
@@ -18,7 +19,7 @@ from .settings import SETTINGS_ENV, RenderSettings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
-    p = argparse.ArgumentParser(prog="python -m tandem_render", description=__doc__)
+    p = argparse.ArgumentParser(prog=program_name("tandem_render"), description=__doc__)
     env = os.environ.get
     p.add_argument(
         "--model",

@@ -60,7 +60,7 @@ from .send import (
     TransportInScope,
     add_send_deadline_flags,
 )
-from .server import run_server, usable_cores
+from .server import program_name, run_server, usable_cores
 from .service_app import add_server_info_routes, models_response, service_app
 from .settings_json import (
     serve_settings,
@@ -131,6 +131,7 @@ __all__ = [
     "read_body",
     "read_raw_body",
     "request_id_of",
+    "program_name",
     "run_server",
     "usable_cores",
     "serve_settings",

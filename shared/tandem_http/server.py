@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -20,7 +21,7 @@ from types import FrameType
 from .draining import DRAIN_GRACE_S, Drain, DrainingConfig, DrainingServer
 from .metrics import MULTIPROC_ENV, mark_process_dead, prepare_multiprocess_dir
 
-__all__ = ["run_server", "usable_cores"]
+__all__ = ["program_name", "run_server", "usable_cores"]
 
 log = logging.getLogger("tandem")
 
@@ -33,6 +34,13 @@ _HEALTHY_AFTER_S = 30.0
 _MAX_FAILED_STARTS = 5
 """Consecutive failed starts of one worker before the server gives up (a worker that cannot
 import or build its app would otherwise restart forever)."""
+
+
+def program_name(module: str) -> str:
+    """How a service was started, for its usage line: its console script (``tandem-render``,
+    installed with the package) or ``python -m MODULE``."""
+    script = Path(sys.argv[0]).name
+    return script if script == module.replace("_", "-") else f"python -m {module}"
 
 
 def usable_cores() -> int:

@@ -145,3 +145,42 @@ def test_admin_keys_from_flags_or_the_environment(qwen2_dir, monkeypatch):
     assert front_args(door).upstream_admin_api_key == "up"
     assert generate_args(node)[0].admin_api_key == ("e1", "e2")
     assert generate_args([*node, "--admin-api-key", "f"])[0].admin_api_key == ("f",)
+
+
+SCRIPTS = {
+    "tandem-render": "tandem_render",
+    "tandem-generate": "tandem_generate",
+    "tandem-front": "tandem_front",
+}
+
+
+def test_each_service_is_installed_as_a_command():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"] == {
+        script: f"{module}.__main__:main" for script, module in SCRIPTS.items()
+    }
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_the_installed_command_starts_its_service(script):
+    # As a user runs it: the script pip wrote into the environment, its usage naming itself.
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / script
+    assert exe.is_file(), f"{script} is not installed: rerun make setup"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"usage: {script} "), out.stdout[:200]
+
+
+def test_python_dash_m_keeps_its_usage_line(monkeypatch):
+    from tandem_http import program_name
+
+    monkeypatch.setattr("sys.argv", ["/x/tandem_render/__main__.py"])
+    assert program_name("tandem_render") == "python -m tandem_render"
+    monkeypatch.setattr("sys.argv", ["/venv/bin/tandem-render"])
+    assert program_name("tandem_render") == "tandem-render"

@@ -89,9 +89,13 @@ def without_assignments(argv: list[str]) -> list[str]:
 
 
 def service_args(argv: list[str]) -> tuple[str, list[str]] | None:
-    """``[.venv/bin/]python -m MODULE ARGS`` -> (module, args)."""
+    """``[.venv/bin/]python -m MODULE ARGS`` or ``[.venv/bin/]tandem-NAME ARGS`` (the installed
+    command) -> (module, args)."""
     if len(argv) >= 3 and Path(argv[0]).name == "python" and argv[1] == "-m":
         return argv[2], argv[3:]
+    script = Path(argv[0]).name.replace("-", "_")
+    if script in SERVICES:
+        return script, argv[1:]
     return None
 
 
@@ -133,7 +137,10 @@ def check_command(argv: list[str], generate_model: str | None) -> None:
 
 def shell_blocks(generate: bool) -> list[Block]:
     return [
-        b for b in all_blocks() if b.lang == COMMANDS and ("tandem_generate" in b.code) == generate
+        b
+        for b in all_blocks()
+        if b.lang == COMMANDS
+        and any(name in b.code for name in ("tandem_generate", "tandem-generate")) == generate
     ]
 
 

@@ -72,6 +72,7 @@ def test_public_api_is_pinned() -> None:
             "prepare_multiprocess_dir",
             "pretouch",
             "principal_of",
+            "program_name",
             "read_body",
             "read_raw_body",
             "request_id_of",
