@@ -25,7 +25,7 @@ pytestmark = [
 def test_the_fleet_under_a_nemesis_serves_only_the_newest_weights(tmp_path):
     cfg = ChaosConfig(
         seconds=float(os.environ.get("TANDEM_CHAOS_SECONDS", "120")),
-        seed=int(os.environ.get("TANDEM_CHAOS_SEED", "41")),
+        seed=int(os.environ.get("TANDEM_CHAOS_SEED", "76")),
         out=tmp_path,
     )
     report = asyncio.run(chaos(cfg))
