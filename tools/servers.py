@@ -221,12 +221,14 @@ def tandem_front(
     generate: str | list[str],
     *extra: str,
     workers: int | None = 1,
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """The front door over the given render and generate URLs (extra flags appended;
-    ``workers`` None: the service's default count)."""
+    ``workers`` None: the service's default count; ``env``: variables set over this
+    process's environment)."""
 
     def joined(urls: str | list[str]) -> str:
         return urls if isinstance(urls, str) else ",".join(urls)
 
     args = ["--model", model, "--render", joined(render), "--generate", joined(generate)]
-    return _start("tandem-front", "tandem_front", [*args, *_workers(workers), *extra])
+    return _start("tandem-front", "tandem_front", [*args, *_workers(workers), *extra], env)

@@ -3,8 +3,8 @@
 as input items, an image, function tools rendered into the template (the session fleet has no
 tool parser, so the answer is text on both), logprobs, a cut at max_output_tokens), the same
 (greedy; ids and times are each server's own, and so is the prefix cache behind
-``cached_tokens``); and the refusals of a server without the Responses store (vLLM's
-default), the same."""
+``cached_tokens``); the refusals of a server without the Responses store (vLLM's
+default), the same; and, with the store on both sides, a background stream."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
+from tools.servers import serving, tandem_front, upstream_serve
 
 from ..support.images import data_url, png_bytes
 
@@ -164,3 +166,38 @@ def test_usage_counts_the_prefix_cache_hits_as_vllm_serve(fleet, front_door):
         again = client.responses.create(**body)
         cached = again.usage.input_tokens_details.cached_tokens
         assert 0 < cached < again.usage.input_tokens, (first.usage, again.usage)
+
+
+@pytest.fixture(scope="module")
+def stored_pair(fleet_servers):
+    """The door (one worker: each keeps its own store) and `vllm serve`, each with the
+    Responses store on (`VLLM_ENABLE_RESPONSES_API_STORE`, read by each at start-up): the
+    session's serve and door run without it, as vLLM's default."""
+    model, procs = fleet_servers
+    env = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    serve = upstream_serve(model, env=env)
+    door = tandem_front(model, procs["render"].url, procs["generate"].url, env=env)
+    with serving([serve, door], timeout=300):
+        yield door.url, serve.url
+
+
+@pytest.mark.own_fleet  # an engine of its own: run before the session's second generate
+def test_a_background_stream_answers_as_vllm_serve(fleet, stored_pair):
+    """`background` with `stream`: the run's events as they come, then the stored response
+    (the door answered 500 here, reading the stream before its run had begun)."""
+    model, _ = fleet
+    body = {**requests(model)["text"], "temperature": 0.0, "background": True, "stream": True}
+    seen = []
+    for base in stored_pair:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        events = list(client.responses.create(**body))
+        kinds = [
+            k for i, k in enumerate(e.type for e in events) if i == 0 or k != events[i - 1].type
+        ]
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        final = events[-1].response
+        seen.append((kinds, deltas, comparable(final)))
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert comparable(client.responses.retrieve(final.id)) == comparable(final)
+    assert seen[0] == seen[1]
+    assert seen[0][0][-1] == "response.completed" and seen[0][1]
