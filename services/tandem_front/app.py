@@ -106,7 +106,7 @@ def create_app(
             await watch.refresh()  # the first requests find the discovered nodes
             watching = asyncio.create_task(watch.run())
         app.state.node_watch = watch
-        upstreams.start()
+        await upstreams.start()  # serves nothing before each node told or timed out
         forwarder = Forwarder(upstreams, metrics)
         answer_side = answers
         if answer_side is None:

@@ -13,6 +13,7 @@ route but ``/weight_info`` goes to the nodes that have not left the fleet (unrea
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,6 +86,7 @@ async def relay(
     view = upstreams.view()
     query = f"?{params}" if params else ""
     bodies = await _init_bodies(ask, body, nodes, view) if path == fleet.INIT_PATH else None
+    asked_at = time.monotonic()
     if route.combine == "first":
         answers = await _until_one_answers(ask, nodes, route.method, path + query)
     else:
@@ -92,7 +94,7 @@ async def relay(
             ask, nodes, route.method, path + query, bodies or [body] * len(nodes)
         )
     if path == fleet.WEIGHT_INFO_PATH:
-        upstreams.learn_versions(nodes, answers)
+        upstreams.learn_versions(nodes, answers, asked_at)
         view = upstreams.view()
     refusal = fleet.refused_alike(answers)
     if refusal is not None:
@@ -120,17 +122,19 @@ async def _update_step(
     if not nodes:
         raise UpstreamUnavailable(f"{path}: no generate node is reachable")
     if path == fleet.START_PATH:
-        result = await fleet.start_update(ask, nodes, view)
+        result = await fleet.start_update(ask, nodes, view, upstreams.seq_mark)
+        if result.update_id is not None:
+            upstreams.seq_mark = max(upstreams.seq_mark, result.update_id.seq)
     elif path == fleet.UPDATE_PATH:
         result = await fleet.send_chunk(ask, nodes, view, body, {})
     elif path == fleet.FINISH_PATH:
         result = await fleet.finish_update(ask, nodes, view, body, {})
     else:
         result = await fleet.abort_update(ask, nodes, view)
-    if result.refusal is not None:
-        return result.refusal.status, result.refusal.body
     if path in (fleet.FINISH_PATH, fleet.ABORT_PATH, fleet.UPDATE_PATH):
         await upstreams.refresh_versions()  # this worker fences at once
+    if result.refusal is not None:
+        return result.refusal.status, result.refusal.body
     after = upstreams.view()
     _refuse(path, result.failures, result.answers, after, [n.url for n in view.fenced(nodes)])
     if not result.succeeded:

@@ -360,7 +360,11 @@ class Forwarder:
         raise UpstreamUnavailable(f"no {tier} node is configured")
 
     def failure(self, exc: BaseException, node: Node) -> FrontError:
-        """``upstream_failure``, counted in the metrics."""
+        """``upstream_failure``, counted in the metrics. A node that did not answer in time
+        (hung, or paused with nobody to resume it) comes last for a while, as one that
+        refused the connection: its next requests go to the others first."""
+        if isinstance(exc, httpx.TimeoutException):
+            self.upstreams.failed(node)
         error = upstream_failure(exc, node)
         self.metrics.upstream_errors.labels(node.tier, node.url, error.type).inc()
         return error

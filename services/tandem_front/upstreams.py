@@ -26,10 +26,6 @@ __all__ = ["Node", "Upstreams"]
 
 log = logging.getLogger("tandem.front.upstreams")
 
-RECHECK_FIRST_S = 0.1
-"""How soon a worker asks the nodes again after it saw one fenced; the wait doubles while one
-still is, up to ``fence_poll_s``."""
-
 
 @dataclass
 class Node(fleet.Node):
@@ -90,16 +86,24 @@ class Upstreams:
         self._by_origin = {_origin(n.url): n for n in (*self.render, *self.generate)}
         self._watch: asyncio.Task[None] | None = None
         self._disagreed = asyncio.Event()
+        self.seq_mark = 0
+        """The highest update SEQ this worker minted or was told (``fleet.next_seq_mark``):
+        it outlives nodes that leave or restart."""
 
-    def start(self) -> None:
-        """Ask the generate nodes their weight versions now and every ``fence_poll_s``."""
-        self._watch = asyncio.create_task(self._watch_versions())
+    async def start(self) -> None:
+        """Ask the generate nodes their weights, and serve nothing before each answered once
+        or timed out (``--control-timeout-s``); then ask again every ``fence_poll_s``."""
+        await fleet.poll(self.ask, self.generate, learnt=self._learnt)
+        self._watch = asyncio.create_task(
+            fleet.watch(self._poll_round, self.settings.fence_poll_s, self._disagreed)
+        )
 
     async def aclose(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
+        await fleet.stop_polls(self.generate)
         await self.http.aclose()
 
     def set_nodes(self, tier: str, urls: Sequence[str]) -> list[Node]:
@@ -117,31 +121,11 @@ class Upstreams:
         self._by_origin = {_origin(n.url): n for n in (*self.render, *self.generate)}
         return [n for n in nodes if n.url not in old]
 
-    async def _watch_versions(self) -> None:
-        # A read that falls inside a fleet update (one node finished, the other not yet) fences
-        # the slower node; asking again soon, and less often while one is still fenced, lets
-        # it back in once the update has reached it instead of a whole period later. A node
-        # that stays behind (restarted, failed its update) is asked every period as before.
-        poll = self.settings.fence_poll_s
-        backoff: float | None = None
-        while True:
-            self._disagreed.clear()
-            try:
-                await self.refresh_versions()  # sets _disagreed when it fences a node
-            except Exception:  # fencing must outlive one bad round
-                log.exception("asking the generate nodes their weights failed; asking again")
-            if self._disagreed.is_set():
-                backoff = RECHECK_FIRST_S if backoff is None else 2 * backoff
-                await asyncio.sleep(min(backoff, poll))
-                continue
-            backoff = None
-            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands as the event
-            # is set (a request that fenced a node just before shutdown), and the door hangs.
-            woken = asyncio.ensure_future(self._disagreed.wait())
-            try:
-                await asyncio.wait({woken}, timeout=poll)
-            finally:
-                woken.cancel()
+    async def _poll_round(self) -> bool:
+        """One round of the watch (``refresh_versions``); True when a node is fenced (not
+        merely unreachable)."""
+        await self.refresh_versions()
+        return self._fenced_now(self.generate)
 
     def node_clock(self) -> tuple[float, float]:
         """(now, node timeout): what ``tandem_client.fleet`` judges reachability by."""
@@ -190,23 +174,32 @@ class Upstreams:
             parsed = r.text[:200]
         return NodeAnswer(node.url, r.status_code, parsed)
 
-    async def refresh_versions(self) -> list[NodeAnswer]:
-        """Every generate node's /weight_info, learnt (a node that does not answer keeps what
-        it last told, and leaves the fleet once unreachable past ``node_timeout_s``)."""
-        nodes = self.generate
-        answers = await fleet.ask_each(self.ask, nodes, "GET", fleet.WEIGHT_INFO_PATH)
-        self.learn_versions(nodes, answers)
-        return answers
+    async def refresh_versions(self) -> None:
+        """Every generate node's /weight_info, each learnt as it arrives (``fleet.refresh``);
+        waits at most ``fence_poll_s`` for the nodes that answer, so a hung node holds no
+        round of the watch and no update step: it keeps what it last told until its ask
+        times out, and leaves the fleet once unreachable past ``node_timeout_s``."""
+        await fleet.refresh(self.ask, self.generate, self._learnt, self.settings.fence_poll_s)
 
-    def learn_versions(self, nodes: Sequence[Node], answers: Sequence[NodeAnswer]) -> None:
-        """The nodes' ``/weight_info`` answers, learnt; a node seen fenced (not merely
-        unreachable) has the watch ask again soon (see ``_watch_versions``)."""
+    def learn_versions(
+        self, nodes: Sequence[Node], answers: Sequence[NodeAnswer], asked_at: float
+    ) -> None:
+        """The nodes' ``/weight_info`` answers, asked at ``asked_at`` (monotonic), learnt."""
         for node, answer in zip(nodes, answers, strict=True):
-            if answer.ok:
-                node.learn(answer.body)
-        reasons = self.view().reasons
-        if any(reasons.get(n.url) not in (None, fleet.UNREACHABLE) for n in nodes):
+            node.heard_from(answer, asked_at)
+        self._fenced_now(nodes)
+
+    def _learnt(self, node: fleet.Node) -> None:
+        self._fenced_now([node])
+
+    def _fenced_now(self, nodes: Sequence[fleet.Node]) -> bool:
+        """Whether one of ``nodes`` is fenced (not merely unreachable): then the watch asks
+        again soon (``fleet.watch``). Every SEQ told goes into the mark."""
+        self.seq_mark = fleet.next_seq_mark(self.seq_mark, nodes)
+        fenced = fleet.fenced_now(self.view(), nodes)
+        if fenced:
             self._disagreed.set()
+        return fenced
 
     async def _learn(self, response: httpx.Response) -> None:
         """Any answer from a node may tell its body cap (generate's /health does)."""

@@ -118,6 +118,9 @@ class AsyncTandemClient:
     unreachable for longer than ``node_timeout_s`` leaves the fleet (``tandem_client.fleet``):
     the others' weights decide and updates go on without it. Control calls that load nothing
     (version checks, start, abort, pause, resume) wait at most ``control_timeout_s`` for a node.
+    The client judges the fleet as the front door does: at its first call it asks every
+    generate node what it holds and sends nothing before each answered or timed out, then asks
+    again every ``fence_poll_s`` in the background (until ``aclose``).
 
     ``compression="zstd"`` (binary only) asks render for zstd-compressed answers and compresses
     generate bodies (``compression_level``) toward nodes that advertise zstd in their answers'
@@ -153,6 +156,7 @@ class AsyncTandemClient:
         node_cooldown_s: float = 10.0,
         node_timeout_s: float = 10.0,
         control_timeout_s: float = 10.0,
+        fence_poll_s: float = 2.0,
         weight_dir: str | os.PathLike[str] | None = None,
         compression: str | None = None,
         compression_level: int = DEFAULT_ZSTD_LEVEL,
@@ -192,8 +196,13 @@ class AsyncTandemClient:
         self.node_cooldown_s = node_cooldown_s
         self.node_timeout_s = node_timeout_s
         self.control_timeout_s = control_timeout_s
+        self.fence_poll_s = fence_poll_s
         self.timeout_s = timeout_s
         self._nodes: dict[str, fleet.Node] = {}
+        self._seq_mark = 0
+        """The highest update SEQ minted or told (``fleet.next_seq_mark``)."""
+        self._watch: asyncio.Task[None] | None = None
+        self._disagreed = asyncio.Event()
         # Nodes that failed since they last told their weight version: asked before new work
         # (a node that comes back is a new process, maybe with its checkpoint's weights).
         self._suspect: set[str] = set()
@@ -225,6 +234,10 @@ class AsyncTandemClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        await fleet.stop_polls(list(self._nodes.values()))
         await self._http.aclose()
 
     # -- transport ---------------------------------------------------------------------------
@@ -426,7 +439,12 @@ class AsyncTandemClient:
 
     async def _discover(self) -> None:
         """Look the generate names up again once their interval has passed; a node that
-        joined is asked what it holds, and gets requests only if it holds the fleet's weights."""
+        joined is asked what it holds, and gets requests only if it holds the fleet's weights.
+        At the first call, every node is asked before anything is sent (``_start_watch``)."""
+        if self._watch is None:
+            async with self._discovering:
+                if self._watch is None:
+                    await self._start_watch()
         source = self._generate_source
         if not source.due():
             return
@@ -440,6 +458,31 @@ class AsyncTandemClient:
             fenced = set(self.fenced())
             stale = [u for u in self.generate_urls if u not in known or u in fenced]
             await self._refresh_versions([self._nodes[u] for u in stale])
+
+    async def _start_watch(self) -> None:
+        """Judge the fleet now (each node answered once or timed out) and every
+        ``fence_poll_s`` from then on (``fleet.watch``, as the front door does)."""
+        if self._generate_source.due():
+            if await self._generate_source.refresh():
+                self._generate_nodes_are(self._generate_source.urls)
+        await fleet.poll(self._ask, self._every_node(), learnt=self._learnt)
+        self._watch = asyncio.ensure_future(
+            fleet.watch(self._poll_round, self.fence_poll_s, self._disagreed)
+        )
+
+    async def _poll_round(self) -> bool:
+        nodes = self._every_node()
+        await fleet.refresh(self._ask, nodes, self._learnt, self.fence_poll_s)
+        return fleet.fenced_now(self._view(), nodes)
+
+    def _every_node(self) -> list[fleet.Node]:
+        return [self._nodes[u] for u in self.generate_urls]
+
+    def _learnt(self, node: fleet.Node) -> None:
+        """A node's /weight_info answer (or failure) was just taken."""
+        if node.unreachable_since is None:
+            self._suspect.discard(node.url)
+        self._seq_mark = fleet.next_seq_mark(self._seq_mark, [node])
 
     async def _recheck_suspects(self) -> None:
         """Nodes that failed and whose cool-down is over are asked what they hold before they
@@ -626,10 +669,11 @@ class AsyncTandemClient:
 
     async def _refresh_versions(self, nodes: Sequence[fleet.Node]) -> list[fleet.NodeAnswer]:
         """Ask ``nodes`` their weight versions (a node that does not answer keeps what it told)."""
+        asked_at = time.monotonic()
         answers = await fleet.ask_each(self._ask, nodes, "GET", fleet.WEIGHT_INFO_PATH)
         for node, answer in zip(nodes, answers, strict=True):
-            if answer.ok and node.learn(answer.body):
-                self._suspect.discard(node.url)
+            node.heard_from(answer, asked_at)
+            self._learnt(node)
         return answers
 
     async def pause(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
@@ -697,7 +741,9 @@ class AsyncTandemClient:
         await self._refresh_versions(everyone)
         view = self._view()
         going = fleet.taking_part(everyone, time.monotonic(), self.node_timeout_s)
-        started = await fleet.start_update(self._ask, going, view)
+        started = await fleet.start_update(self._ask, going, view, self._seq_mark)
+        if started.update_id is not None:
+            self._seq_mark = max(self._seq_mark, started.update_id.seq)
         if started.refusal is not None:
             raise _refusal(started.refusal)
         if started.failures:

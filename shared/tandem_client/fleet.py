@@ -34,7 +34,9 @@ been written since (its ``weights_id`` then equals the others').
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -73,11 +75,17 @@ __all__ = [
     "finish_update",
     "judge",
     "least_pending",
+    "next_seq_mark",
+    "poll",
+    "refresh",
+    "fenced_now",
+    "stop_polls",
     "refused_alike",
     "rendezvous_nodes",
     "send_chunk",
     "start_update",
     "taking_part",
+    "watch",
 ]
 
 START_PATH = "/start_weight_update"
@@ -97,6 +105,9 @@ NOT_TOLD = "weights_not_told"
 OTHER_WEIGHTS = "other_weights"
 UNCLEAN = "unclean"
 NO_TRANSFER = "weight_transfer_not_initialized"
+NOT_ASKED = "not_asked_yet"
+RESTARTED = "restarted"
+STEP_FAILED = "update_step_failed"
 
 
 @dataclass
@@ -123,20 +134,39 @@ class Node:
     """Whether it can take an update now (None: it did not say)."""
     transfer_backend: str | None = None
     """How it takes updates (``nccl``, ``tandem_file``...; None: it takes none, or did not say)."""
+    paused: bool | None = None
+    """Its engine is paused (new requests wait until a ``/resume``); None: it did not say."""
+    heard: bool = False
+    """A ``/weight_info`` asked of it was answered or failed: until then it serves nothing."""
+    seen_high: int = 0
+    """The highest ``seen_seq`` it ever told this router (kept across its restarts)."""
+    restarted_at: int | None = None
+    """It told less than it had (a new process): every update up to this SEQ is lost on it.
+    None once it applied a newer one, or while no restart was seen."""
+    step_failed_at: float | None = None
+    """When (monotonic) an update step failed on it: fenced until a /weight_info asked after
+    that is learnt, without waiting for a poll."""
+    polling: asyncio.Task[None] | None = field(default=None, repr=False, compare=False)
+    """The /weight_info ask in flight (one at a time: a hung node is not asked again)."""
 
     def learn(self, weight_info: Any) -> bool:
         """Take a /weight_info answer; False when it is not one. Upstream vLLM's, which has
         only the label, stands for weights named by that label."""
         if not isinstance(weight_info, dict) or "weight_version" not in weight_info:
             return False
+        self.heard = True
         told = weight_info["weight_version"]  # null from a door with no serving node
         self.weight_version = None if told is None else str(told)
         wid = weight_info.get("weights_id")
         self.weights_id = str(wid) if isinstance(wid, str) else f"label:{self.weight_version}"
         seqs = weight_info.get("applied_seqs")
+        newest = self.applied[0] if self.applied else 0
         self.applied = tuple(s for s in seqs if _count(s)) if isinstance(seqs, list) else ()
         seen: Any = weight_info.get("seen_seq")
         self.seen_seq = seen if _count(seen) else max(self.applied, default=0)
+        self._restart_check(newest)
+        paused = weight_info.get("paused")
+        self.paused = paused if isinstance(paused, bool) else None
         unclean = weight_info.get("unclean")
         self.unclean = str(unclean) if unclean else None
         left = weight_info.get("unwritten")
@@ -147,6 +177,32 @@ class Node:
         self.transfer_ready = ready if isinstance(ready, bool) else None
         self.transfer_backend = backend if isinstance(backend, str) else None
         return True
+
+    def _restart_check(self, newest_before: int) -> None:
+        """A node's record only grows (``seen_seq``; ``applied_seqs`` keep their newest):
+        one that tells less than it had is a new process holding its checkpoint."""
+        lost_newest = (
+            newest_before > 0
+            and newest_before not in self.applied
+            and len(self.applied) < APPLIED_REPORTED
+        )
+        if self.seen_seq < self.seen_high or lost_newest:
+            self.restarted_at = max(self.restarted_at or 0, self.seen_high, newest_before)
+        if self.restarted_at is not None and self.applied and self.applied[0] > self.restarted_at:
+            self.restarted_at = None  # it took an update newer than all it lost
+        self.seen_high = max(self.seen_high, self.seen_seq)
+
+    def heard_from(self, answer: NodeAnswer, asked_at: float) -> None:
+        """A /weight_info answer (or failure) to an ask sent at ``asked_at`` (monotonic)."""
+        self.heard = True
+        if answer.ok and self.learn(answer.body):
+            failed = self.step_failed_at
+            if failed is not None and asked_at >= failed:
+                self.step_failed_at = None
+
+    def step_failed(self) -> None:
+        """An update step failed on it: it is fenced now, until it tells what it holds."""
+        self.step_failed_at = time.monotonic()
 
     def cool_down(self, now: float, seconds: float) -> None:
         self.down_until = now + seconds
@@ -210,14 +266,16 @@ def judge(nodes: Sequence[Node], now: float, node_timeout_s: float) -> FleetView
     """Which weights are the fleet's and which nodes may serve (see the module doc)."""
     live = [n for n in nodes if not n.gone(now, node_timeout_s)]
     told = [n for n in live if n.weights_id is not None]
-    clean = [n for n in told if n.unclean is None]
+    clean = [n for n in told if n.unclean is None and n.step_failed_at is None]
     holders: dict[str | None, int] = {}
     for n in clean:
         holders[n.weights_id] = holders.get(n.weights_id, 0) + 1
+    # A restarted node holds its checkpoint, not the updates it lost: it never decides.
+    whole = [n for n in clean if n.restarted_at is None]
     # Newest updates first; then the weights most nodes hold; then the id, so that every router
     # picks the same node from the same answers.
     reference = max(
-        clean, key=lambda n: (n.applied, holders[n.weights_id], n.weights_id or ""), default=None
+        whole, key=lambda n: (n.applied, holders[n.weights_id], n.weights_id or ""), default=None
     )
     # Backends whose trainer's group is set up on some node (a node of the same backend that is
     # not in it was found later: it can take no update).
@@ -232,6 +290,10 @@ def _reason(
 ) -> str | None:
     if not alive:
         return UNREACHABLE
+    if not n.heard:
+        return NOT_ASKED
+    if n.step_failed_at is not None:
+        return STEP_FAILED
     if n.weights_id is None:
         return NOT_TOLD if any_told else None
     if n.unclean is not None:
@@ -243,14 +305,18 @@ def _reason(
     ):
         return NO_TRANSFER
     if reference is None or n.weights_id != reference.weights_id:
-        return OTHER_WEIGHTS
+        return RESTARTED if n.restarted_at is not None else OTHER_WEIGHTS
     return None
 
 
 def rendezvous_nodes(key: str, nodes: Sequence[N], view: FleetView, now: float) -> list[N]:
     """The nodes that may serve in ``key``'s rendezvous order (the same on every router),
-    those that refused a connection recently last. A node going away moves only its keys."""
-    by_url = {n.url: n for n in nodes if view.serves(n)}
+    those that failed recently last. A node going away moves only its keys. A paused node
+    (it missed a ``/resume``) gets nothing while one that may serve is not paused: a request
+    there would wait until someone resumes it."""
+    serving = [n for n in nodes if view.serves(n)]
+    awake = [n for n in serving if not n.paused]
+    by_url = {n.url: n for n in awake or serving}
     order = [by_url[u] for u in rendezvous_order(key, list(by_url))]
     return sorted(order, key=lambda n: n.down_until > now)
 
@@ -315,6 +381,102 @@ async def ask_each(
     return list(await asyncio.gather(*calls))
 
 
+async def poll(
+    ask: Ask,
+    nodes: Sequence[Node],
+    wait_s: float | None = None,
+    learnt: Callable[[Node], None] | None = None,
+) -> None:
+    """Ask ``nodes`` their ``/weight_info`` at once, each answer learnt as it arrives (then
+    ``learnt(node)``), so a hung node delays no other's: it keeps its last state until its
+    ask times out (the caller's ``Ask`` cools it down: it is on its way to unreachable). A
+    node whose last ask is still in flight is not asked again. Waits for the answers at most
+    ``wait_s`` (None: until each answered or timed out); late ones are learnt when they come."""
+
+    async def one(node: Node) -> None:
+        asked_at = time.monotonic()
+        node.heard_from(await ask(node, "GET", WEIGHT_INFO_PATH, b"", {}), asked_at)
+        if learnt is not None:
+            learnt(node)
+
+    for n in nodes:
+        if n.polling is None or n.polling.done():
+            n.polling = asyncio.ensure_future(one(n))
+    pending = {n.polling for n in nodes if n.polling is not None}
+    if pending:
+        await asyncio.wait(pending, timeout=wait_s)
+
+
+async def refresh(
+    ask: Ask,
+    nodes: Sequence[Node],
+    learnt: Callable[[Node], None] | None = None,
+    wait_s: float | None = None,
+) -> None:
+    """``poll`` every node, waiting (at most ``wait_s``) for those that answer: a node already
+    unreachable is asked but not waited for (it keeps what it last told, and leaves the fleet
+    once unreachable past the node timeout); one whose ask is still in flight is not asked
+    again. Every answer is learnt as it arrives, the late ones too."""
+    answering = [n for n in nodes if n.unreachable_since is None]
+    await poll(ask, nodes, 0.0, learnt)
+    await poll(ask, answering, wait_s, learnt)
+
+
+def fenced_now(view: FleetView, nodes: Sequence[Node]) -> bool:
+    """Whether one of ``nodes`` is fenced, not merely unreachable (the watch asks again soon)."""
+    return any(view.reasons.get(n.url) not in (None, UNREACHABLE) for n in nodes)
+
+
+async def stop_polls(nodes: Sequence[Node]) -> None:
+    """Cancel the ``/weight_info`` asks still in flight (the router is closing)."""
+    tasks = [n.polling for n in nodes if n.polling is not None and not n.polling.done()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+RECHECK_FIRST_S = 0.1
+"""How soon a router asks the nodes again after it saw one fenced; the wait doubles while one
+still is, up to the poll period."""
+
+
+async def watch(
+    refresh: Callable[[], Awaitable[bool]], period_s: float, wake: asyncio.Event
+) -> None:
+    """Judge the fleet every ``period_s`` until cancelled (the door and ``tandem_client``
+    alike): ``refresh()`` asks the nodes and says whether one is fenced (not merely
+    unreachable); ``wake`` set asks again at once. A read that falls inside a fleet update (one
+    node finished, the other not yet) fences the slower node; asking again soon, and less often
+    while one is still fenced, lets it back in once the update has reached it."""
+    log = logging.getLogger("tandem.fleet")
+    backoff: float | None = None
+    while True:
+        wake.clear()
+        try:
+            fenced = await refresh()
+        except Exception:  # fencing must outlive one bad round
+            log.exception("asking the generate nodes their weights failed; asking again")
+            fenced = False
+        if fenced or wake.is_set():
+            backoff = RECHECK_FIRST_S if backoff is None else 2 * backoff
+            await asyncio.sleep(min(backoff, period_s))
+            continue
+        backoff = None
+        # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands as the event
+        # is set (a request that fenced a node just before shutdown), and the router hangs.
+        woken = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait({woken}, timeout=period_s)
+        finally:
+            woken.cancel()
+
+
+def next_seq_mark(mark: int, nodes: Sequence[Node]) -> int:
+    """The highest SEQ a router knows of: its own ``mark`` (every id it minted and every
+    ``seen_seq`` it was told, by nodes that left or restarted too) and the nodes' now."""
+    return max([mark, *(max(n.seen_seq, n.seen_high) for n in nodes)])
+
+
 # -- the update protocol, one step at a time ---------------------------------------------------
 
 
@@ -355,14 +517,17 @@ def refused_alike(answers: Sequence[NodeAnswer]) -> NodeAnswer | None:
     return answers[0] if alike else None
 
 
-async def start_update(ask: Ask, nodes: Sequence[Node], view: FleetView) -> StepResult:
-    """``/start_weight_update`` with a new update id on ``nodes``; when a serving node fails to
-    start, every node that may have started is undone (``/abort_weight_update``), so none is
-    left mid-update."""
+async def start_update(
+    ask: Ask, nodes: Sequence[Node], view: FleetView, seq_mark: int = 0
+) -> StepResult:
+    """``/start_weight_update`` with a new update id on ``nodes``, its SEQ above ``seq_mark``
+    (the caller's ``next_seq_mark``: nodes that left or restarted forget what they saw) and
+    every SEQ the nodes saw; when a serving node fails to start, every node that may have
+    started is undone (``/abort_weight_update``), so none is left mid-update."""
     behind = view.fenced(nodes)
     # A fenced node may be left mid-update by the update it failed: ended, so it can join.
     await ask_each(ask, behind, "POST", ABORT_PATH)
-    uid = UpdateId.mint(max((n.seen_seq for n in nodes), default=0))
+    uid = UpdateId.mint(next_seq_mark(seq_mark, nodes))
     answers = await ask_each(ask, nodes, "POST", START_PATH, headers={UPDATE_ID_HEADER: str(uid)})
     result = _result(nodes, answers, view, update_id=uid)
     if result.failures:
@@ -396,7 +561,9 @@ async def finish_update(
     sent: UpdateReceipt | None = None,
 ) -> StepResult:
     """``/finish_weight_update`` on ``nodes`` (each loads, resets its caches and relabels with
-    its engine frozen).
+    its engine frozen). Each answer is judged as it arrives, not once the slowest node
+    answered: a node that failed it is fenced at once, one that finished is asked what it
+    holds now (so the nodes still loading are fenced behind it).
 
     Each node is told what it must have taken (``UPDATE_RECEIVED_HEADER``): one that took
     other chunks (a chunk and its abort were lost on the way) refuses and ends the update, so
@@ -410,7 +577,9 @@ async def finish_update(
             return await _finish_nowhere(ask, nodes, view, told)
     if sent is not None:
         headers = {**headers, UPDATE_RECEIVED_HEADER: sent.header()}
-    answers = await ask_each(ask, nodes, "POST", FINISH_PATH, [body] * len(nodes), headers)
+    answers = await ask_each(
+        _judging(ask), nodes, "POST", FINISH_PATH, [body] * len(nodes), headers
+    )
     return _result(nodes, answers, view)
 
 
@@ -465,6 +634,22 @@ async def _finish_nowhere(
     }
     answers = [NodeAnswer(n.url, 409, {"error": error}) for n in nodes]
     return _result(nodes, answers, view)
+
+
+def _judging(ask: Ask) -> Ask:
+    """``ask`` for an update step whose answer changes what the node holds."""
+
+    async def judged(
+        node: Node, method: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> NodeAnswer:
+        answer = await ask(node, method, path, body, headers)
+        if not answer.ok:
+            node.step_failed()
+        else:
+            await poll(ask, [node])
+        return answer
+
+    return judged
 
 
 async def abort_update(ask: Ask, nodes: Sequence[Node], view: FleetView) -> StepResult:
@@ -550,6 +735,7 @@ def _weight_versions(answers: list[NodeAnswer], nodes: Sequence[Node], view: Fle
             "fenced": not view.serves(n),
             "reason": view.reasons.get(n.url, UNREACHABLE),
             "missed_seqs": view.missed(n),
+            "paused": n.paused,
             **({"unwritten": n.unwritten} if n.unclean else {}),
         }
         for n in nodes
@@ -559,7 +745,7 @@ def _weight_versions(answers: list[NodeAnswer], nodes: Sequence[Node], view: Fle
         "weight_version": view.weight_version,
         "weights_id": view.weights_id,
         "applied_seqs": list(ref.applied) if ref else [],
-        "seen_seq": max((n.seen_seq for n in nodes), default=0),
+        "seen_seq": next_seq_mark(0, nodes),
         "nodes": listed,
         "fenced": [n["url"] for n in listed if n["fenced"]],
     }

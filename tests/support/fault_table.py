@@ -3,9 +3,11 @@
 its ``fault-table`` markers).
 
 A weight update through the front door over two generate nodes, A and B, with one fault on B
-at one step: B refuses the step, times out on it, is killed at it, or is killed and comes back
-(restarted on its checkpoint) once the update is over; the trainer sends every step (start,
-one chunk, finish) unless the start fails, with a label (``{"weight_version": "new"}``) or
+at one step: B refuses the step, times out on it, is killed at it, is killed and comes back
+(restarted on its checkpoint) once the update is over, hangs from that step on (SIGSTOP: it
+takes connections and answers nothing, polls and requests included), or restarts at it (the
+call is lost, and B is back on its checkpoint for the next one); the trainer sends every step
+(start, one chunk, finish) unless the start fails, with a label (``{"weight_version": "new"}``) or
 without (``{}``, as TRL does). Two more: one of three chunks and the door's abort of it are
 both lost on the way to B (the trainer sends the rest), and a trainer that crashes after its
 chunk, leaving both nodes mid-update, followed by a new trainer's update. The nodes are the
@@ -31,7 +33,16 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 BEGIN, END = "<!-- fault-table -->", "<!-- /fault-table -->"
 
 STEPS = ("start_weight_update", "update_weights", "finish_weight_update")
-FAULTS = {"refuses": "refuse", "times out": "timeout", "is killed": "down", "comes back": "down"}
+FAULTS = {
+    "refuses": "refuse",
+    "times out": "timeout",
+    "is killed": "down",
+    "comes back": "down",
+    "hangs": "hang",
+    "restarts": "down",
+}
+HUNG = ("weight_info", "inference/v1/generate", *STEPS)
+"""What a hung node does not answer: anything (each wait ends at the door's timeouts)."""
 
 
 class _NoRender:
@@ -46,13 +57,17 @@ def _door(fleet: GenFleet) -> object:
         enable_control_routes=True,
         fence_poll_s=3600.0,
         node_cooldown_s=0.0,
+        # A hung node's calls end here (the door's defaults are 10 s and 600 s).
+        control_timeout_s=0.2,
+        read_timeout_s=0.2,
     )
     return create_app(settings, _NoRender(), fleet)
 
 
 async def _scenario(step: str, fault: str, labelled: bool) -> dict[str, str]:
     a, b = GenNode("g1", "old"), GenNode("g2", "old")
-    b.fail[step] = FAULTS[fault]
+    if fault != "hangs":  # a hang begins at its step (the door has heard B by then)
+        b.fail[step] = FAULTS[fault]
     async with app_client(_door(GenFleet(a, b))) as c:
         seen = []
         finish = {"weight_version": "new"} if labelled else {}
@@ -61,14 +76,19 @@ async def _scenario(step: str, fault: str, labelled: bool) -> dict[str, str]:
             ("/update_weights", {"update_info": {"path": "new"}}),
             ("/finish_weight_update", finish),
         ):
+            if fault == "hangs" and path.strip("/") == step:
+                b.fail.update(dict.fromkeys(HUNG, "hang"))
             r = await c.post(path, json=body)
             seen.append(_seen(r.status_code, r.json()))
+            if fault == "restarts" and b.down:
+                b.restart("old")  # a new process on its checkpoint, at once
             if path == "/start_weight_update" and r.status_code != 200:
                 break
         if fault == "comes back":
             b.restart("old")  # a new process on its checkpoint
-        b.fail.clear()
-        return await _outcome(c, a, b, " · ".join(seen), fault == "comes back")
+        if fault != "hangs":
+            b.fail.clear()
+        return await _outcome(c, a, b, " · ".join(seen), _how(fault))
 
 
 async def _lost_abort(labelled: bool) -> dict[str, str]:
@@ -112,7 +132,13 @@ def _finish(labelled: bool) -> dict[str, str]:
     return {"weight_version": "new"} if labelled else {}
 
 
-async def _outcome(c, a: GenNode, b: GenNode, caller: str, restarted: bool = False) -> dict:
+def _how(fault: str) -> str:
+    if fault in ("comes back", "restarts"):
+        return " (restarted)"
+    return " (hung)" if fault == "hangs" else ""
+
+
+async def _outcome(c, a: GenNode, b: GenNode, caller: str, how: str = "") -> dict:
     """What the nodes hold and serve once the trainer is done (``caller``: what it saw)."""
     info = (await c.get("/weight_info")).json()
     for i in range(24):
@@ -123,7 +149,7 @@ async def _outcome(c, a: GenNode, b: GenNode, caller: str, restarted: bool = Fal
     return {
         "caller": caller,
         "A": a.weights if not a.updating else f"{a.weights} (mid-update)",
-        "B": "down" if b.down else b.weights + (" (restarted)" if restarted else ""),
+        "B": "down" if b.down else b.weights + how,
         "B serves": "yes" if reason is None else f"no: {reason}",
         "label": "/".join(sorted(labels)),
         "served": "/".join(sorted(g.split(":")[1] for g in set(a.generated + b.generated))),

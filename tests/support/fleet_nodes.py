@@ -54,6 +54,9 @@ class GenNode:
         """What each tensor holds: the name of the update that last wrote it."""
         self.ledger = WeightLedger("stand-in@", lambda: frozenset(TENSORS))
         self.staged: dict[str, str] = {}
+        self.paused = False
+        """Paused by ``/pause`` until ``/resume`` (it still answers generate calls here: a
+        test counts the requests that reach a paused node)."""
 
     @property
     def updating(self) -> bool:
@@ -99,7 +102,11 @@ class GenNode:
         if path == "/weight_info":
             transfer = WeightTransferState("tandem_file", True)
             info = self.ledger.info(self.version, transfer)
+            info = msgspec.structs.replace(info, paused=self.paused)
             return httpx.Response(200, content=msgspec.json.encode(info))
+        if path in ("/pause", "/resume"):
+            self.paused = path == "/pause"
+            return httpx.Response(200, json={"status": f"{path[1:]}d"})
         if path == "/start_weight_update":
             told = UpdateId.parse(self._update_id) if self._update_id else None
             if self.updating and not self.ledger.outdated_by(told):

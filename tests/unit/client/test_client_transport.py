@@ -74,12 +74,20 @@ def image_request(hashes=("a" * 64,)) -> GenerateRequest:
     )
 
 
-def client_with(handler, **kwargs) -> AsyncTandemClient:
+def client_with(handler, *, tells_weights: bool = False, **kwargs) -> AsyncTandemClient:
+    """A client over ``handler``; the nodes' ``/weight_info`` (asked before the first request,
+    and every ``fence_poll_s``) answers 404, as a node without it, unless ``tells_weights``."""
     kwargs.setdefault("binary", False)
+
+    def nodes(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/weight_info" and not tells_weights:
+            return error(404, "not_found")
+        return handler(request)
+
     return AsyncTandemClient(
         "http://render",
         kwargs.pop("generate_urls", "http://gen"),
-        transport=httpx.MockTransport(handler),
+        transport=httpx.MockTransport(nodes),
         backoff_s=0.001,
         **kwargs,
     )
@@ -276,7 +284,9 @@ async def test_control_calls_carry_the_admin_key_and_the_rest_the_inference_key(
             return answer()
         return httpx.Response(200, json={"weight_version": "v"})
 
-    async with client_with(handler, api_key="k", admin_api_key="a", weight_dir=tmp_path) as c:
+    async with client_with(
+        handler, tells_weights=True, api_key="k", admin_api_key="a", weight_dir=tmp_path
+    ) as c:
         await c.generate(image_request())
         await c.pause()
         await c.resume()

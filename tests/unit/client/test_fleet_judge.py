@@ -3,7 +3,11 @@ from the nodes' own ``/weight_info`` answers (as ``tandem_generate.weight_ledger
 
 from __future__ import annotations
 
-from tandem_client.fleet import Node, judge
+import time
+
+import msgspec
+
+from tandem_client.fleet import Node, NodeAnswer, judge, next_seq_mark, rendezvous_nodes
 from tandem_generate.weight_ledger import WeightLedger
 from tandem_wire.control import UpdateId, WeightTransferState
 
@@ -22,8 +26,6 @@ def apply(led: WeightLedger, seq: int, names: set[str], token: str = "0a0b0c0d")
 
 
 def node(url: str, led: WeightLedger, transfer: WeightTransferState = FILE) -> Node:
-    import msgspec
-
     n = Node(url)
     assert n.learn(msgspec.to_builtins(led.info("default", transfer)))
     return n
@@ -86,9 +88,9 @@ def test_a_node_outside_the_trainer_s_group_is_fenced_with_its_reason():
 
 
 def test_a_node_that_never_told_serves_only_while_no_node_has():
-    a = ledger()
-    assert judge([Node("a"), Node("b")], 0.0, 10).reasons == {"a": None, "b": None}
-    view = judge([node("a", a), Node("b")], 0.0, 10)
+    a, b = ledger(), Node("b")
+    b.heard_from(NodeAnswer("b", 404, None), asked_at=0.0)  # it answered, without weights
+    view = judge([node("a", a), b], 0.0, 10)
     assert view.reasons == {"a": None, "b": "weights_not_told"}
 
 
@@ -107,3 +109,58 @@ def test_routers_agree_on_the_same_answers_whatever_the_node_order():
     first = judge(nodes, 0.0, 10).reference
     assert first is not None
     assert judge(list(reversed(nodes)), 0.0, 10).reference.url == first.url
+
+
+def test_a_node_never_heard_serves_nothing_and_heard_ones_that_do_not_tell_serve_alike():
+    # Start-up: until a node has answered (or failed) its first /weight_info, it serves nothing.
+    assert judge([Node("a"), Node("b")], 0.0, 10).reasons == {
+        "a": "not_asked_yet",
+        "b": "not_asked_yet",
+    }
+    a, b = Node("a"), Node("b")
+    for n in (a, b):  # upstream nodes without /weight_info: heard, never told
+        n.heard_from(NodeAnswer(n.url, 404, None), asked_at=0.0)
+    assert judge([a, b], 0.0, 10).reasons == {"a": None, "b": None}
+
+
+def test_a_node_that_tells_less_than_it_had_is_restarted_and_never_the_newest():
+    a, b = ledger(), ledger()
+    for seq in (1, 2, 3):
+        apply(a, seq, {"a.weight"})
+        apply(b, seq, {"a.weight"})
+    na, nb = node("a", a), node("b", b)
+    nb.cool_down(now=0.0, seconds=1.0)  # B stopped answering, and left the fleet
+    assert na.learn(msgspec.to_builtins(ledger().info("default", FILE)))  # A restarted
+    view = judge([na, nb], now=20.0, node_timeout_s=10)
+    assert view.reference is None and view.reasons == {"a": "restarted", "b": "unreachable"}
+    # The next update's SEQ comes from the mark the minter kept, not from the nodes now.
+    assert next_seq_mark(3, [na, nb]) == 3 and next_seq_mark(0, [na]) == 3
+    restarted = ledger()
+    apply(restarted, 4, {"a.weight"})
+    assert na.learn(msgspec.to_builtins(restarted.info("default", FILE)))
+    nb.reached()  # B comes back with update 3
+    view = judge([na, nb], now=21.0, node_timeout_s=10)
+    assert view.reference is na and view.reasons == {"a": None, "b": "other_weights"}
+
+
+def test_a_node_that_failed_a_step_is_fenced_until_it_tells_what_it_holds_after():
+    a, b = ledger(), ledger()
+    na, nb = node("a", a), node("b", b)
+    asked_before = time.monotonic()
+    nb.step_failed()
+    assert judge([na, nb], 0.0, 10).reasons == {"a": None, "b": "update_step_failed"}
+    info = NodeAnswer("b", 200, msgspec.to_builtins(b.info("default", FILE)))
+    nb.heard_from(info, asked_before)  # an answer to an ask sent before the failure
+    assert judge([na, nb], 0.0, 10).reasons["b"] == "update_step_failed"
+    nb.heard_from(info, time.monotonic())
+    assert judge([na, nb], 0.0, 10).reasons == {"a": None, "b": None}
+
+
+def test_a_paused_node_gets_nothing_while_another_may_serve():
+    na, nb = node("a", ledger()), node("b", ledger())
+    view = judge([na, nb], 0.0, 10)
+    nb.paused = True
+    keys = [f"k{i}" for i in range(16)]
+    assert {n.url for k in keys for n in rendezvous_nodes(k, [na, nb], view, 0.0)} == {"a"}
+    na.paused = True  # every node paused: requests wait there, as on one vLLM
+    assert {rendezvous_nodes(k, [na, nb], view, 0.0)[0].url for k in keys} == {"a", "b"}
