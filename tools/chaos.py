@@ -418,7 +418,10 @@ class Checker:
     def rss(self) -> list[str]:
         out = []
         for name, series in self.log.rss.items():
-            if len(series) < 3 or series[-1][0] - series[0][0] < 30:
+            # A process started during the run (a restarted node) grows while its engine
+            # starts: only those that served from the start are judged.
+            late = series and series[0][0] > self.log.t0 + 10
+            if late or len(series) < 3 or series[-1][0] - series[0][0] < 30:
                 continue
             span = series[-1][0] - series[0][0]
             warm = min(series, key=lambda s: abs(s[0] - series[0][0] - 0.3 * span))[1]

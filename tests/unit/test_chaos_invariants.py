@@ -104,3 +104,13 @@ def test_the_fleet_serves_again_within_the_node_timeout_and_a_poll_of_the_last_h
     found = check(failing, faults=heal, last_heal=50.0)
     assert any("after the last fault healed" in v for v in found)
     assert "no request ran after" in check(faults=heal, last_heal=50.0)[0]
+
+
+def test_rss_growth_after_warm_up_is_judged_on_processes_that_ran_from_the_start():
+    log = Log(seed=0, updates=updates(), t0=0.0, end=100.0)
+    flat = [(t, 1e9) for t in range(0, 100, 2)]
+    grows = [(t, 1e9 + t * 5e6) for t in range(0, 100, 2)]
+    restarted = [(t, 1e9 + t * 5e6) for t in range(40, 100, 2)]  # its engine starting
+    log.rss = {"flat": flat, "grows": grows, "restarted": restarted}
+    [grown] = Checker(log, EXPECTED, CFG).rss()
+    assert grown.startswith("grows: RSS grew")
