@@ -137,9 +137,7 @@ class FaultProxy:
         conn = _Conn([writer])
         self._open[id(conn)] = conn
         try:
-            if not self._flowing.is_set():
-                conn.held = True
-                await self._flowing.wait()
+            held = await self._hold(reader, conn) if not self._flowing.is_set() else b""
             if conn.dead:
                 return
             try:
@@ -149,6 +147,8 @@ class FaultProxy:
                 self.node_down()
                 return
             conn.sides.append(up_w)
+            if held:
+                up_w.write(held)
             await asyncio.gather(
                 self._pump(reader, up_w, conn, toward_node=True),
                 self._pump(up_r, writer, conn, toward_node=False),
@@ -156,6 +156,30 @@ class FaultProxy:
         finally:
             self._open.pop(id(conn), None)
             _reset(conn)
+
+    async def _hold(self, reader: asyncio.StreamReader, conn: _Conn) -> bytes:
+        """A connection made during a black hole: what the caller sends is read (and its
+        request ids recorded: they were sent to this node) and held until the hole heals."""
+        conn.held = True
+        held = b""
+        flowing = asyncio.ensure_future(self._flowing.wait())
+        try:
+            while not self._flowing.is_set() and not conn.dead:
+                read = asyncio.ensure_future(reader.read(_READ))
+                await asyncio.wait({read, flowing}, return_when=asyncio.FIRST_COMPLETED)
+                if not read.done():
+                    read.cancel()
+                    break
+                data = read.result()
+                if not data:
+                    _reset(conn)  # the caller gave up
+                    break
+                tail = held[-_TAIL:]
+                self._record(tail + data, len(tail))
+                held += data
+        finally:
+            flowing.cancel()
+        return held
 
     async def _pump(
         self,
@@ -167,20 +191,20 @@ class FaultProxy:
         tail = b""
         try:
             while not conn.dead:
-                await self._pass(conn)
                 data = await src.read(_READ)
                 if not data:
                     break
-                await self._pass(conn)  # a black hole may have begun while it waited
+                if toward_node:  # recorded as read: it was sent to this node, held or not
+                    scan = tail + data
+                    self._record(scan, len(tail))
+                    tail = scan[-_TAIL:]
+                await self._pass(conn)
                 if self._delay:
                     await asyncio.sleep(self._delay)
                 if conn.dead:
                     break
                 if toward_node:
-                    scan = tail + data
-                    self._record(scan, len(tail))
-                    cut = self._cut_at(scan, len(tail))
-                    tail = scan[-_TAIL:]
+                    cut = self._cut_at(scan, len(scan) - len(data))
                     if cut is not None:
                         dst.write(data[:cut])
                         with contextlib.suppress(OSError):

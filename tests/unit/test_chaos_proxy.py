@@ -104,12 +104,14 @@ async def test_a_black_hole_holds_bytes_then_delivers_them_late_or_loses_them(pa
     proxy.heal()
     assert (await late).endswith(b"ok") and (await also_late).endswith(b"ok")
     proxy.black_hole()
-    dropped = asyncio.ensure_future(send(proxy.port, request("/c", b"3")))
+    dropped = asyncio.ensure_future(send(proxy.port, request("/c", b"chq0000003")))
     await asyncio.sleep(0.5)
     proxy.heal(drop=True)
     assert await dropped == b""
     await asyncio.sleep(0.1)
     assert [r[-1:] for r in node.received] == [b"1", b"2"]
+    # Sent to this node all the same (the caller's request went there, and was lost).
+    assert [rid for _, rid in proxy.seen] == ["chq0000003"]
 
 
 async def test_a_dead_node_is_a_refused_connection_until_it_accepts_again(pair):
