@@ -20,6 +20,7 @@ from tandem_http import (
     add_body_deadline_flags,
     add_send_deadline_flags,
     keys_from_env,
+    program_name,
 )
 
 from .app import create_app
@@ -41,7 +42,7 @@ RENDER_KEY_ENV = "TANDEM_CONTENT_PARTS_RENDER_API_KEY"
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
     # vLLM's parser has no annotations.
     parser = FlexibleArgumentParser(  # type: ignore[no-untyped-call]
-        prog="python -m tandem_generate", description=__doc__
+        prog=program_name("tandem_generate"), description=__doc__
     )
     ours = parser.add_argument_group(  # type: ignore[no-untyped-call]
         "tandem generate",
@@ -92,13 +93,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         "must both see it",
     )
     ours.add_argument(
-    ours.add_argument(
         "--update-idle-timeout-s",
         type=float,
         default=GenerateSettings.update_idle_timeout_s,
         help="end a weight update with no step (start, chunk) for this many seconds without "
         "loading it, as /abort_weight_update does: its trainer is gone (0: never)",
     )
+    ours.add_argument(
         "--max-body-bytes",
         type=int,
         default=None,
@@ -201,9 +202,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         door_api_key=tuple(args.door_api_key or keys_from_env(os.environ.get(DOOR_KEY_ENV))),
         enable_control_routes=args.enable_control_routes,
         weight_transfer_dir=args.weight_transfer_dir,
+        update_idle_timeout_s=args.update_idle_timeout_s,
         # vLLM's own --log-level (engine args) sets ours too.
         log_level=str(getattr(args, "log_level", None) or "info").lower(),
-        update_idle_timeout_s=args.update_idle_timeout_s,
         max_body_bytes=args.max_body_bytes,
         max_items_per_prompt=args.max_items_per_prompt,
         max_pending=args.max_pending,

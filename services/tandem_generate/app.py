@@ -45,13 +45,13 @@ from tandem_wire import (
 )
 from tandem_wire.control import (
     UPDATE_ID_HEADER,
-    AbortRequestsRequest,
     UPDATE_RECEIVED_HEADER,
+    AbortRequestsRequest,
     FinishWeightUpdateRequest,
     InitWeightTransferRequest,
     UpdateId,
-    UpdateWeightsRequest,
     UpdateReceipt,
+    UpdateWeightsRequest,
     UpdateWeightVersionRequest,
 )
 
@@ -297,8 +297,6 @@ def update_id_of(request: Request) -> UpdateId | None:
         raise BadRequest(str(exc), param=UPDATE_ID_HEADER) from None
 
 
-async def _report_death(engine: Engine) -> None:
-    await engine.wait_until_dead()
 def received_of(request: Request) -> str | None:
     """What a fleet router says this node must have taken of the update it finishes
     (``UPDATE_RECEIVED_HEADER``; None: not said, the node finishes as vLLM's does)."""
@@ -311,4 +309,6 @@ def received_of(request: Request) -> str | None:
         raise BadRequest(str(exc), param=UPDATE_RECEIVED_HEADER) from None
 
 
+async def _report_death(engine: Engine) -> None:
+    await engine.wait_until_dead()
     log.error("the vLLM engine died; stopping this server so that it is restarted")
