@@ -121,7 +121,7 @@ def embedding_token(model: str, modality: str) -> int | None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
-        return int(tokenizer.convert_tokens_to_ids(tokenizer.video_token))
+        return int(tokenizer.get_vocab()[tokenizer.video_token])
     for scope in (config, config.get("text_config") or {}):
         for key in (f"{modality}_token_id", f"{modality}_token_index"):
             if scope.get(key) is not None:
