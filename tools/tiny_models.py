@@ -288,14 +288,10 @@ def train_tokenizer(specials: tuple[str, ...], vocab_size: int = VOCAB_SIZE) -> 
     return tok
 
 
-def _tokenizer_files(out: Path, name: str) -> dict[str, int]:
-    specials = _special_tokens(name)
-    tok = train_tokenizer(specials)
-    ids = {t: tok.token_to_id(t) for t in specials}
-    # tokenizers writes the vocabulary in id order and merges in rank order: stable bytes.
-    (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
-    added = {
-        str(ids[t]): {
+def added_tokens_decoder(ids: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """``tokenizer_config.json``'s entry for special tokens ``ids`` (token -> id)."""
+    return {
+        str(i): {
             "content": t,
             "lstrip": False,
             "normalized": False,
@@ -303,14 +299,22 @@ def _tokenizer_files(out: Path, name: str) -> dict[str, int]:
             "single_word": False,
             "special": True,
         }
-        for t in specials
+        for t, i in ids.items()
     }
+
+
+def _tokenizer_files(out: Path, name: str) -> dict[str, int]:
+    specials = _special_tokens(name)
+    tok = train_tokenizer(specials)
+    ids = {t: tok.token_to_id(t) for t in specials}
+    # tokenizers writes the vocabulary in id order and merges in rank order: stable bytes.
+    (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
     _write_json(
         out / "tokenizer_config.json",
         {
             "add_bos_token": False,
             "add_prefix_space": False,
-            "added_tokens_decoder": added,
+            "added_tokens_decoder": added_tokens_decoder(ids),
             "bos_token": None,
             "chat_template": _chat_template(name),
             "clean_up_tokenization_spaces": False,

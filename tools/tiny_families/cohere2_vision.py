@@ -460,10 +460,7 @@ def _config(ids: dict[str, int]) -> PreTrainedConfig:
     }
     vision = {
         "model_type": "siglip_vision_model",
-        "hidden_size": common.VISION_WIDTH,
-        "intermediate_size": 2 * common.VISION_WIDTH,
-        "num_hidden_layers": 1,
-        "num_attention_heads": common.VISION_HEADS,
+        **common.vision_sizes(),
         "image_size": TILE,
         "patch_size": SIGLIP_PATCH,
         "vision_use_head": False,

@@ -29,6 +29,29 @@ OPENAI_CLIP_MEAN = tiny_models.OPENAI_CLIP_MEAN
 OPENAI_CLIP_STD = tiny_models.OPENAI_CLIP_STD
 
 
+def text_sizes() -> dict[str, int]:
+    """The language model's sizes, the same in every family (its config adds its own keys)."""
+    return {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": TEXT_LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "max_position_embeddings": MAX_POSITIONS,
+    }
+
+
+def vision_sizes() -> dict[str, int]:
+    """The vision tower's sizes (one layer), the same in every family."""
+    return {
+        "hidden_size": VISION_WIDTH,
+        "intermediate_size": 2 * VISION_WIDTH,
+        "num_hidden_layers": 1,
+        "num_attention_heads": VISION_HEADS,
+    }
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -48,21 +71,10 @@ def write_tokenizer(
     tok = tiny_models.train_tokenizer(specials, vocab_size=vocab_size)
     ids = {t: tok.token_to_id(t) for t in specials}
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
-    added = {
-        str(ids[t]): {
-            "content": t,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for t in specials
-    }
     base: dict[str, Any] = {
         "add_bos_token": False,
         "add_prefix_space": False,
-        "added_tokens_decoder": added,
+        "added_tokens_decoder": tiny_models.added_tokens_decoder(ids),
         "clean_up_tokenization_spaces": False,
         "model_max_length": MAX_POSITIONS,
         "split_special_tokens": False,

@@ -130,10 +130,7 @@ def build(out_dir: Path) -> None:
     )
     vision = {
         "model_type": "siglip_vision_model",
-        "hidden_size": common.VISION_WIDTH,
-        "intermediate_size": 2 * common.VISION_WIDTH,
-        "num_hidden_layers": 1,
-        "num_attention_heads": common.VISION_HEADS,
+        **common.vision_sizes(),
         "image_size": IMAGE_SIZE,
         "patch_size": PATCH,
         "vision_use_head": False,

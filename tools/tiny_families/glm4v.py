@@ -147,13 +147,7 @@ def _config(ids: dict[str, int]) -> PreTrainedConfig:
     from transformers import Glm4vConfig
 
     text = {
-        "vocab_size": common.VOCAB_SIZE,
-        "hidden_size": common.HIDDEN,
-        "intermediate_size": common.INTERMEDIATE,
-        "num_hidden_layers": common.TEXT_LAYERS,
-        "num_attention_heads": common.HEADS,
-        "num_key_value_heads": common.KV_HEADS,
-        "max_position_embeddings": common.MAX_POSITIONS,
+        **common.text_sizes(),
         "rms_norm_eps": 1e-5,
         # Half the head dim rotates (16 of 32); its M-RoPE sections sum to half of that.
         "rope_parameters": {

@@ -78,22 +78,13 @@ def build(out_dir: Path) -> None:
         {"image_seq_len": TOKENS_PER_TILE, "processor_class": "Idefics3Processor"},
     )
     vision = {
-        "hidden_size": common.VISION_WIDTH,
-        "intermediate_size": 2 * common.VISION_WIDTH,
-        "num_hidden_layers": 1,
-        "num_attention_heads": common.VISION_HEADS,
+        **common.vision_sizes(),
         "image_size": IMAGE_SIZE,
         "patch_size": PATCH,
     }
     text = {
         "model_type": "llama",
-        "vocab_size": common.VOCAB_SIZE,
-        "hidden_size": common.HIDDEN,
-        "intermediate_size": common.INTERMEDIATE,
-        "num_hidden_layers": common.TEXT_LAYERS,
-        "num_attention_heads": common.HEADS,
-        "num_key_value_heads": common.KV_HEADS,
-        "max_position_embeddings": common.MAX_POSITIONS,
+        **common.text_sizes(),
         "rope_parameters": {"rope_type": "default", "rope_theta": 273768.0},
         "bos_token_id": ids["<|im_start|>"],
         "eos_token_id": ids["<end_of_utterance>"],

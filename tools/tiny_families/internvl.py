@@ -148,13 +148,7 @@ def _config(ids: dict[str, int]) -> PreTrainedConfig:
 
     text = {
         "model_type": "qwen2",
-        "vocab_size": common.VOCAB_SIZE,
-        "hidden_size": common.HIDDEN,
-        "intermediate_size": common.INTERMEDIATE,
-        "num_hidden_layers": common.TEXT_LAYERS,
-        "num_attention_heads": common.HEADS,
-        "num_key_value_heads": common.KV_HEADS,
-        "max_position_embeddings": common.MAX_POSITIONS,
+        **common.text_sizes(),
         "max_window_layers": common.TEXT_LAYERS,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "bos_token_id": ids["<|endoftext|>"],
@@ -163,10 +157,7 @@ def _config(ids: dict[str, int]) -> PreTrainedConfig:
         "dtype": common.DTYPE,
     }
     vision = {
-        "hidden_size": common.VISION_WIDTH,
-        "intermediate_size": 2 * common.VISION_WIDTH,
-        "num_hidden_layers": 1,
-        "num_attention_heads": common.VISION_HEADS,
+        **common.vision_sizes(),
         "image_size": [TILE, TILE],
         "patch_size": [PATCH, PATCH],
         "attention_bias": True,

@@ -33,10 +33,7 @@ def clip_vision_config() -> dict[str, object]:
     """The one-layer CLIP tower of the tiny LLaVA and LLaVA-NeXT models."""
     return {
         "model_type": "clip_vision_model",
-        "hidden_size": common.VISION_WIDTH,
-        "intermediate_size": 2 * common.VISION_WIDTH,
-        "num_hidden_layers": 1,
-        "num_attention_heads": common.VISION_HEADS,
+        **common.vision_sizes(),
         "image_size": IMAGE_SIZE,
         "patch_size": PATCH,
         "projection_dim": common.VISION_WIDTH,
@@ -48,13 +45,7 @@ def llama_text_config(model_type: str, ids: dict[str, int]) -> dict[str, object]
     """The tiny Llama/Mistral language model with Llama's bos/eos and LLaVA's pad."""
     return {
         "model_type": model_type,
-        "vocab_size": common.VOCAB_SIZE,
-        "hidden_size": common.HIDDEN,
-        "intermediate_size": common.INTERMEDIATE,
-        "num_hidden_layers": common.TEXT_LAYERS,
-        "num_attention_heads": common.HEADS,
-        "num_key_value_heads": common.KV_HEADS,
-        "max_position_embeddings": common.MAX_POSITIONS,
+        **common.text_sizes(),
         "bos_token_id": ids["<s>"],
         "eos_token_id": ids["</s>"],
         "pad_token_id": ids["<pad>"],

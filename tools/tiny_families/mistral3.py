@@ -184,10 +184,7 @@ def _config(ids: dict[str, int]) -> PreTrainedConfig:
     }
     vision = {
         "model_type": "pixtral",
-        "hidden_size": common.VISION_WIDTH,
-        "intermediate_size": 2 * common.VISION_WIDTH,
-        "num_hidden_layers": 1,
-        "num_attention_heads": common.VISION_HEADS,
+        **common.vision_sizes(),
         "head_dim": common.VISION_WIDTH // common.VISION_HEADS,
         "image_size": LONGEST_EDGE,
         "patch_size": PATCH,
