@@ -51,7 +51,15 @@ FAMILIES: dict[str, Family] = {
             "LlavaOnevisionForConditionalGeneration",
             ("image", "video"),
         ),
-        Family("gemma3", "gemma3", "Gemma 3", "Gemma3ForConditionalGeneration", ("image",)),
+        Family(
+            "gemma3",
+            "gemma3",
+            "Gemma 3",
+            "Gemma3ForConditionalGeneration",
+            ("image",),
+            "Two adjacent images share a token no image embeds: `vllm launch render` refuses "
+            "them (400), Tandem's render answers as `vllm serve` does.",
+        ),
         Family(
             "idefics3",
             "idefics3",
