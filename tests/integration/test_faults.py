@@ -81,10 +81,20 @@ class Restartable:
 
 
 @pytest.fixture
-def doomed_generate(fleet):
-    model, _ = fleet
-    with tandem_generate(model) as server:
+def doomed_generate(fleet_servers, second_generate, weight_dir):
+    """A fresh generate node at the fleet's weights. A router sends requests only to nodes that
+    hold the fleet's newest update, and earlier tests updated the fleet (the GRPO example ends
+    by loading the checkpoint's numbers back as an update): the fleet's nodes and this one take
+    one more update of those numbers, so all hold the same one."""
+    from safetensors.torch import load_file
+
+    model, servers = fleet_servers
+    with tandem_generate(model, weight_dir) as server:
         server.wait_healthy(timeout=300)
+        nodes = [servers["generate"].url, second_generate.url, server.url]
+        checkpoint = load_file(f"{model}/model.safetensors")
+        with TandemClient(servers["render"].url, nodes, weight_dir=weight_dir) as client:
+            client.update_weights(checkpoint, version="default")
         yield server
 
 
