@@ -233,11 +233,11 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
                 alone = replay.rollout([TWO_IMAGES], [fresh_images[i]], progress=False, **GREEDY)
                 assert alone.completion_ids == [second.completion_ids[i]], i
 
-        # A does not know the node restarted: it sends hashes only, the new process answers
-        # 409 for what it lacks, A resends those items, and the tokens are as before.
-        misses_before = answered(new, 409)
+        # A held items on the old process. Either it has seen the restart at its fleet poll
+        # (tandem_client judges the fleet every fence_poll_s) and sends them whole, or it sends
+        # hashes only, the new process answers 409 for what it lacks and A resends them: the
+        # tokens are as before either way.
         third = a.rollout(batch, held_images, progress=False, **GREEDY)
-    assert answered(new, 409) > misses_before
     assert third.completion_ids == first.completion_ids
 
 
