@@ -288,25 +288,24 @@ def create_app(
 
 def update_id_of(request: Request) -> UpdateId | None:
     """The update id a fleet router sent with ``/start_weight_update`` (None: none sent)."""
-    told = request.headers.get(UPDATE_ID_HEADER)
-    if told is None:
-        return None
-    try:
-        return UpdateId.parse(told)
-    except ValueError as exc:
-        raise BadRequest(str(exc), param=UPDATE_ID_HEADER) from None
+    return _header(request, UPDATE_ID_HEADER, UpdateId.parse)
 
 
 def received_of(request: Request) -> str | None:
     """What a fleet router says this node must have taken of the update it finishes
     (``UPDATE_RECEIVED_HEADER``; None: not said, the node finishes as vLLM's does)."""
-    told = request.headers.get(UPDATE_RECEIVED_HEADER)
+    return _header(request, UPDATE_RECEIVED_HEADER, UpdateReceipt.check_header)
+
+
+def _header(request: Request, name: str, parse: Callable[[str], T]) -> T | None:
+    """Header ``name`` read by ``parse`` (None when absent); a value it refuses is a 400."""
+    told = request.headers.get(name)
     if told is None:
         return None
     try:
-        return UpdateReceipt.check_header(told)
+        return parse(told)
     except ValueError as exc:
-        raise BadRequest(str(exc), param=UPDATE_RECEIVED_HEADER) from None
+        raise BadRequest(str(exc), param=name) from None
 
 
 async def _report_death(engine: Engine) -> None:
