@@ -17,6 +17,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("VLLM_CACHE_ROOT", str(ROOT / ".cache" / "vllm"))
 os.environ.setdefault("TANDEM_MODEL_CACHE", str(ROOT / ".cache" / "models"))
+# Every engine the tests start (ours in-process, ours and vLLM's as servers) runs its model
+# worker inside the engine-core process: the layout vLLM picks on one GPU. The CPU build
+# otherwise spawns a third process that imports vLLM and torch again, 12 s more on each of
+# the suite's engine starts on this 2-core box (vLLM's async engine still runs its core as a
+# process of its own, so an engine's death is still a process dying). `make run`, the soak
+# and the chaos run keep the CPU build's own layout.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 @pytest.fixture

@@ -9,11 +9,16 @@ takes one):
   logprobs);
 - ``tandem_client``'s render -> generate gives ``vllm serve``'s prompt length, tokens and
   logprobs;
-- render's answer equals ``vllm launch render``'s, field for field (``test_render_parity``'s
+- render's answer equals upstream render's, field for field (``test_render_parity``'s
   rules).
 
-One engine is alive at a time: ``vllm serve`` (with ``vllm launch render``, which has none)
-answers every case of a family and stops, then our render, generate and door start for it.
+``vllm serve`` answers every case of a family and stops, then our generate and door start
+for it while the next family's ``vllm serve`` starts (two engines alive at most). Two
+processes fewer than the fleet layout, as each costs
+seconds of imports on every family: upstream's render answers come from ``vllm serve
+--enable-scale-out``, which mounts the very router ``vllm launch render`` serves (its
+``/v1/chat/completions/render``; ``test_render_parity`` holds the dedicated server to the
+same rules), and our door renders inline, render's own app in the door's process.
 """
 
 from __future__ import annotations
@@ -26,14 +31,7 @@ import httpx
 import pytest
 
 from tandem_client import TandemClient
-from tools.servers import (
-    serving,
-    tandem_front,
-    tandem_generate,
-    tandem_render,
-    upstream_render,
-    upstream_serve,
-)
+from tools.servers import ServerProcess, serving, tandem_front, tandem_generate, upstream_serve
 from tools.tiny_families import FAMILIES
 from tools.tiny_models import ensure_model
 
@@ -51,8 +49,9 @@ pytestmark = [
 MODELS = ["qwen2.5-vl", *FAMILIES]
 VIDEO = {"qwen2.5-vl"} | {name for name, f in FAMILIES.items() if "video" in f.modalities}
 
-# Where vllm launch render itself refuses what vllm serve answers (see the render test).
-LAUNCH_RENDER_REFUSES = {("gemma3", "two images")}
+# Where upstream's render route itself refuses what vllm serve's chat answers (see the render
+# test).
+UPSTREAM_RENDER_REFUSES = {("gemma3", "two images")}
 
 # Enough tokens for a wrong logit to show, few enough to keep each case under a second.
 MAX_TOKENS = 8
@@ -109,22 +108,53 @@ class Reference:
     chats: dict[str, dict[str, Any]]
     """``vllm serve``'s whole chat answers (tokens as ``token_id:N``)."""
     renders: dict[str, httpx.Response]
-    """``vllm launch render``'s chat render answers."""
+    """Upstream render's chat render answers (``vllm serve``'s scale-out route)."""
+
+
+@pytest.fixture(scope="module")
+def upstream_ahead(request) -> Iterator[dict[str, ServerProcess]]:
+    """``vllm serve`` of the family after the one being tested, started while ours start (an
+    engine's start-up is a chain of single-threaded imports: two overlap on two cores at
+    little cost); any left unused are stopped when the module ends."""
+    started: dict[str, ServerProcess] = {}
+    try:
+        yield started
+    finally:
+        for proc in started.values():
+            proc.stop()
+
+
+def _selected_families(request) -> list[str]:
+    """This module's families in the order their tests run (``-k`` may select a few)."""
+    names = (
+        item.callspec.params.get("reference")
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    )
+    return list(dict.fromkeys(name for name in names if name is not None))
+
+
+def _start_next_upstream(request, name: str, started: dict[str, ServerProcess]) -> None:
+    families = _selected_families(request)
+    later = families[families.index(name) + 1 :] if name in families else []
+    if later and later[0] not in started:
+        started[later[0]] = upstream_serve(str(ensure_model(later[0])))
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def reference(request) -> Reference:
+def reference(request, upstream_ahead: dict[str, ServerProcess]) -> Reference:
     name: str = request.param
     model_dir = str(ensure_model(name))
-    serve, render = upstream_serve(model_dir), upstream_render(model_dir)
-    with serving([serve, render], timeout=300):
+    serve = upstream_ahead.pop(name, None) or upstream_serve(model_dir)
+    with serving([serve], timeout=300):
         chats, renders = {}, {}
         for case in cases_of(name):
             body = chat_request(model_dir, case)
             chats[case] = whole(serve.url, True, **body, extra_body=_token_ids())
             renders[case] = httpx.post(
-                render.url + "/v1/chat/completions/render", json=body, timeout=120
+                serve.url + "/v1/chat/completions/render", json=body, timeout=120
             )
+    _start_next_upstream(request, name, upstream_ahead)
     return Reference(name, model_dir, chats, renders)
 
 
@@ -134,19 +164,20 @@ def _token_ids() -> dict[str, Any]:
 
 @dataclass
 class Pair:
-    render: str
     generate: str
     door: str
+    """Also the render URL: the door passes render's routes to the render app it hosts."""
 
 
 @pytest.fixture(scope="module")
 def pair(reference: Reference) -> Iterator[Pair]:
-    """Our render, generate and door for the family ``reference`` answered (its engine gone)."""
-    render, generate = tandem_render(reference.model_dir), tandem_generate(reference.model_dir)
-    with serving([render, generate], timeout=300):
-        with tandem_front(reference.model_dir, render.url, generate.url) as door:
+    """Our generate and a door rendering inline, for the family ``reference`` answered (its
+    engine gone)."""
+    generate = tandem_generate(reference.model_dir)
+    with serving([generate], timeout=300):
+        with tandem_front(reference.model_dir, "inline", generate.url) as door:
             door.wait_healthy(timeout=120)
-            yield Pair(render.url, generate.url, door.url)
+            yield Pair(generate.url, door.url)
 
 
 def _case(reference: Reference, case: str) -> None:
@@ -166,7 +197,7 @@ def test_door_answers_as_vllm_serve(reference: Reference, pair: Pair, case: str)
 def test_client_answers_as_vllm_serve(reference: Reference, pair: Pair, case: str) -> None:
     _case(reference, case)
     body = chat_request(reference.model_dir, case)
-    with TandemClient(pair.render, pair.generate) as client:
+    with TandemClient(pair.door, pair.generate) as client:
         request = client.render_chat(body.pop("messages"), **body)
         answer = client.generate(request)
     theirs = reference.chats[case]
@@ -190,15 +221,16 @@ def _token_id(token: str) -> int:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_render_answers_as_launch_render(reference: Reference, pair: Pair, case: str) -> None:
+def test_render_answers_as_upstream_render(reference: Reference, pair: Pair, case: str) -> None:
     _case(reference, case)
     body = chat_request(reference.model_dir, case)
-    mine = post_json(pair.render, "/v1/chat/completions/render", body)
+    mine = post_json(pair.door, "/v1/chat/completions/render", body)
     theirs = reference.renders[case]
-    if (reference.name, case) in LAUNCH_RENDER_REFUSES:
-        # vllm launch render checks its own answer with upstream generate's rule that ranges
-        # never overlap, which the model's processor breaks here (placeholders sharing a token
-        # no image embeds); vllm serve answers the same chat, and so do we.
+    if (reference.name, case) in UPSTREAM_RENDER_REFUSES:
+        # Upstream's render route (vllm launch render's router) checks its own answer with
+        # upstream generate's rule that ranges never overlap, which the model's processor
+        # breaks here (placeholders sharing a token no image embeds); vllm serve's chat answers
+        # the same chat, and so do we.
         assert theirs.status_code == 400, theirs.text[:500]
         assert "non-overlapping" in theirs.text
         assert len(mine["token_ids"]) == reference.chats[case]["usage"]["prompt_tokens"]
