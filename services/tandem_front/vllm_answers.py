@@ -177,6 +177,28 @@ _HOPS: ContextVar[ResponsesHops | None] = ContextVar("tandem_responses_hops", de
 _HOPS_KEY = "tandem_hops"
 
 
+async def _fail_stored(
+    serving: OpenAIServingResponses, response_id: str, exc: Exception
+) -> dict[str, str]:
+    """``serving``'s stored response ``failed`` with ``exc`` as its error (``code``, ``message``, as
+    OpenAI's Response carries it), unless it already ended; the error."""
+    if isinstance(exc, TandemHTTPError):
+        error = {"code": exc.type, "message": exc.message}
+    else:
+        log.error("background response %s failed", response_id, exc_info=exc)
+        error = {
+            "code": error_types.INTERNAL_ERROR,
+            "message": f"internal error (response id {response_id})",
+        }
+    async with serving.response_store_lock:
+        stored = serving.response_store.get(response_id)
+        if stored is not None and stored.status not in ("completed", "cancelled"):
+            stored.status = "failed"
+            # OpenAI's field, which vLLM's model lacks (it takes extra fields).
+            setattr(stored, "error", error)  # noqa: B010
+    return error
+
+
 class _DoorResponsesRenderer(OnlineRenderer):
     """vLLM's online renderer for its Responses serving, the chat it renders rendered on a
     render node: vLLM builds the messages and tools of the request (``render_responses``:
@@ -459,7 +481,7 @@ class _DoorResponses(OpenAIServingResponses):
         try:
             await super()._run_background_request(request, *args, **kwargs)
         except Exception as exc:
-            await self._failed(request.request_id, exc)
+            await _fail_stored(self, request.request_id, exc)
 
     async def _run_background_request_stream(
         self, request: ResponsesRequest, *args: Any, **kwargs: Any
@@ -473,7 +495,7 @@ class _DoorResponses(OpenAIServingResponses):
                 self.store.grew(rid, len(event.model_dump_json()))
                 signal.set()
         except Exception as exc:
-            error = await self._failed(rid, exc)
+            error = await _fail_stored(self, rid, exc)
             events.append(
                 ResponseErrorEvent(type="error", sequence_number=len(events), param=None, **error)
             )
@@ -503,25 +525,6 @@ class _DoorResponses(OpenAIServingResponses):
             if run is None or run.done():
                 return
             await signal.wait()
-
-    async def _failed(self, response_id: str, exc: Exception) -> dict[str, str]:
-        """The stored response ``failed`` with ``exc`` as its error (``code``, ``message``, as
-        OpenAI's Response carries it), unless it already ended; the error."""
-        if isinstance(exc, TandemHTTPError):
-            error = {"code": exc.type, "message": exc.message}
-        else:
-            log.error("background response %s failed", response_id, exc_info=exc)
-            error = {
-                "code": error_types.INTERNAL_ERROR,
-                "message": f"internal error (response id {response_id})",
-            }
-        async with self.response_store_lock:
-            stored = self.response_store.get(response_id)
-            if stored is not None and stored.status not in ("completed", "cancelled"):
-                stored.status = "failed"
-                # OpenAI's field, which vLLM's model lacks (it takes extra fields).
-                setattr(stored, "error", error)  # noqa: B010
-        return error
 
 
 class VllmAnswers:
