@@ -114,3 +114,33 @@ def test_rss_growth_after_warm_up_is_judged_on_processes_that_ran_from_the_start
     log.rss = {"flat": flat, "grows": grows, "restarted": restarted}
     [grown] = Checker(log, EXPECTED, CFG).rss()
     assert grown.startswith("grows: RSS grew")
+
+
+def cut_stream(start: float, tokens: list[int], end: float | None = None) -> Op:
+    """A door chat stream that ended in an error event after ``tokens``."""
+    stream = op(start, tokens, end=end)
+    stream.kind, stream.cut = "door_chat_stream", True
+    stream.error = 'error event: {"error": {"code": 502}}'
+    return stream
+
+
+def test_a_stream_cut_by_its_node_dying_is_a_prefix_of_an_allowed_answer():
+    everyone = [o for n in range(3) for o in healthy(n, 22, 40)]
+    killed = [Fault("kill", 0, 29, 35)]
+    cut = cut_stream(28, [3, 3], end=30)  # B's first two tokens, then its node died
+    assert check([cut], obs=everyone, faults=killed, seen=[(28.1, 0, cut.id)]) == []
+    # The same prefix from A's weights after #2 answered 200: stale, cut or not.
+    stale = cut_stream(28, [2, 2], end=30)
+    [violation] = check([stale], obs=everyone, faults=killed, seen=[(28.1, 0, stale.id)])
+    assert "computed with ['A']" in violation
+    # Tokens that begin no known answer.
+    mixed = cut_stream(28, [3, 2], end=30)
+    [violation] = check([mixed], obs=everyone, faults=killed, seen=[(28.1, 0, mixed.id)])
+    assert "come from no known weights" in violation
+
+
+def test_a_stream_cut_on_a_node_that_did_not_fail_is_a_5xx_while_others_could_serve():
+    everyone = [o for n in range(3) for o in healthy(n, 22, 40)]
+    cut = cut_stream(28, [3, 3], end=30)
+    [violation] = check([cut], obs=everyone, seen=[(28.1, 0, cut.id)])
+    assert "could serve" in violation
