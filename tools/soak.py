@@ -21,8 +21,10 @@ Chat and TRL requests are n=1 (greedy) or n=4 (seeded). Pass:
   fill during the run);
 - every 429 came from a process full by its own count (the pending requests or held bytes the
   429 reports against its limits);
-- hostile clients mixed in: bodies that trickle (each answered 408 ``body_timeout``) and
-  compressed bodies that inflate to megabytes (answered, or refused 429 by the count);
+- hostile clients mixed in: bodies that trickle (each answered 408 ``body_timeout``),
+  compressed bodies that inflate to megabytes (answered, or refused 429 by the count), and
+  callers that never read a render answer of megabytes (refused 429 by the count, or answered
+  and their connection cut at the send deadline);
 - every weight update succeeded and the last label is the one served at the end.
 Prints latency percentiles and req/s per time window and RSS per process, and writes a PNG plot
 and the raw numbers (JSON) to ``--out``.
@@ -49,8 +51,8 @@ import msgspec
 import psutil
 
 from tandem_client import AsyncTandemClient
-from tests.support.images import chat_body, data_url, png_bytes
-from tools.hostile import SlowBodies, inflating_body
+from tests.support.images import chat_body, data_url, photo_jpeg, png_bytes
+from tools.hostile import NonReaders, SlowBodies, inflating_body
 from tools.servers import ServerProcess, tandem_front, tandem_generate, tandem_render
 from tools.tiny_models import ensure_model
 
@@ -63,6 +65,10 @@ HOSTILE_EVERY_S = 10.0
 """A round of hostile clients this often (see ``Load.hostile_clients``)."""
 BODY_TIMEOUT_S = 30.0
 """The services' default ``--body-timeout-s``: a trickling body is answered 408 after it."""
+SEND_TIMEOUT_S = 30.0
+"""The services' default ``--send-timeout-s``: an answer nobody reads is cut after it."""
+UNREAD_IMAGES = 3
+"""720p images in each render request nobody reads (an answer of megabytes)."""
 INFLATED_BYTES = 8 * 2**20
 """What each compressed hostile body inflates to (from ~1 KB)."""
 ROLLOUT_PROMPTS = 2
@@ -139,8 +145,10 @@ class Outcome:
 @dataclass
 class Hostile:
     kind: str
-    """``slow`` (a body that trickles a byte a second) or ``compressed`` (a zstd generate body
-    that inflates to ``INFLATED_BYTES``)."""
+    """``slow`` (a body that trickles a byte a second), ``compressed`` (a zstd generate body
+    that inflates to ``INFLATED_BYTES``) or ``unread`` (a render through the door whose answer
+    is never read; its status once refused, or once its connection was cut: None while the
+    answer still held its connection past the send deadline)."""
     status: int | None
     expected: tuple[int, ...]
 
@@ -428,16 +436,20 @@ class Load:
         """Every ``HOSTILE_EVERY_S``: a compressed generate body through the door that inflates
         to ``INFLATED_BYTES`` (answered, or refused 429 by the count), and while time is left
         for their deadline, two chat bodies that trickle a byte a second into the door (each
-        answered 408 ``body_timeout``, their slots freed)."""
+        answered 408 ``body_timeout``, their slots freed) and two renders whose answers are never
+        read (refused 429, or cut at the send deadline)."""
         frame, _ = inflating_body(
             {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 1}}, INFLATED_BYTES
         )
         headers = {"content-type": "application/json", "content-encoding": "zstd"}
         slow: list[asyncio.Future[list[int | None]]] = []
+        unread: list[asyncio.Future[list[int | None]]] = []
         async with httpx.AsyncClient(timeout=300) as http:
             while time.monotonic() + HOSTILE_EVERY_S < deadline:
                 if time.monotonic() + BODY_TIMEOUT_S + HOSTILE_EVERY_S < deadline:
                     slow.append(asyncio.ensure_future(asyncio.to_thread(self._trickle)))
+                if time.monotonic() + SEND_TIMEOUT_S + HOSTILE_EVERY_S < deadline:
+                    unread.append(asyncio.ensure_future(asyncio.to_thread(self._unread)))
                 r = await http.post(
                     f"{self.front}/inference/v1/generate", content=frame, headers=headers
                 )
@@ -445,6 +457,8 @@ class Load:
                 await asyncio.sleep(HOSTILE_EVERY_S)
         for statuses in await asyncio.gather(*slow):
             self.hostile += [Hostile("slow", st, (408,)) for st in statuses]
+        for statuses in await asyncio.gather(*unread):
+            self.hostile += [Hostile("unread", st, (200, 429)) for st in statuses]
 
     def _trickle(self) -> list[int | None]:
         with SlowBodies(self.front, "/v1/chat/completions", 2, every_s=1.0) as bodies:
@@ -452,6 +466,22 @@ class Load:
             while bodies.holding and time.monotonic() < limit:
                 time.sleep(0.5)
         return bodies.statuses
+
+    def _unread(self) -> list[int | None]:
+        images = [data_url(photo_jpeg(seed), "image/jpeg") for seed in range(UNREAD_IMAGES)]
+        body = json.dumps(chat_body(self.model, images)).encode()
+        path = "/v1/chat/completions/render"
+        with NonReaders(self.front, path, 2, body) as readers:
+            limit = time.monotonic() + SEND_TIMEOUT_S + HOSTILE_EVERY_S
+            statuses: list[int | None] = [None] * readers.count
+            while time.monotonic() < limit:
+                # The status line is peeked at (left unread) before the cut resets it away.
+                seen = readers.statuses()
+                statuses = [old or new for old, new in zip(statuses, seen, strict=True)]
+                if all(s is not None for s in statuses) and readers.cut() == statuses.count(200):
+                    return statuses
+                time.sleep(0.5)
+        return [s if s == 429 else None for s in statuses]
 
     async def update_weights(self, client: AsyncTandemClient, t0: float, deadline: float) -> None:
         """The served weights reloaded under a new label every period (the same numbers, so
@@ -724,12 +754,14 @@ def check(
     # one generate request behind the door; a TRL op one of each through it; a rollout one
     # render request (its prompts in one batch) and one generate request per prompt.
     inflated = sum(1 for h in load.hostile if h.kind == "compressed" and h.status == 200)
+    # A render nobody read was still answered 200 (and logged) before it was cut.
+    unread = sum(1 for h in load.hostile if h.kind == "unread" and h.status == 200)
     expected = Counts(
         generate=len(ok) - len(kinds["rollout"]) + rollout_prompts + inflated,
-        render=len(ok) + chat_refused,
+        render=len(ok) + chat_refused + unread,
         door_chat=len(kinds["chat"]),
         door_generate=len(kinds["trl"]) + rollout_prompts + inflated,
-        door_render=len(kinds["trl"]) + len(kinds["rollout"]),
+        door_render=len(kinds["trl"]) + len(kinds["rollout"]) + unread,
     )
     for name, want in asdict(expected).items():
         got = getattr(counted, name)

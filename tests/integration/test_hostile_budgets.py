@@ -1,16 +1,19 @@
 """The budgets of ``docs/budgets.md`` held by real processes against hostile clients: bodies
-that trickle, bodies that inflate, media render must fetch and decode, and render answers the
-door must hold. Each drives one
+that trickle, bodies that inflate, media render must fetch and decode, render answers the
+door must hold, and callers that never read their answers. Each drives one
 input class past its budget, and a normal request is still served beside it.
 
 Measured before these defences (the same servers): eight slow bodies kept render, generate and
 the door answering 429 to everything for as long as they trickled; eight 2 KB bodies inflating
-to the route's cap were all decoded, whatever the byte budget.
+to the route's cap were all decoded, whatever the byte budget; callers that never read a render
+answer (or a stream) held their slots for as long as they kept the connection open.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import math
 import time
 from collections.abc import Iterator
 
@@ -21,6 +24,7 @@ from PIL import Image
 
 from tools.hostile import (
     MediaServer,
+    NonReaders,
     PeakRss,
     SlowBodies,
     concurrently,
@@ -30,7 +34,7 @@ from tools.hostile import (
 from tools.servers import ServerProcess, serving, tandem_front, tandem_generate, tandem_render
 from tools.tiny_models import ensure_model
 
-from ..support.images import chat_body, data_url, png_bytes
+from ..support.images import chat_body, data_url, photo_jpeg, png_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -38,6 +42,7 @@ MIB = 1024 * 1024
 PENDING = 8
 BUDGET = 100 * MIB
 TIMEOUT_S = 3
+SEND_TIMEOUT_S = 3
 LIMITS = [
     "--max-pending",
     str(PENDING),
@@ -45,6 +50,8 @@ LIMITS = [
     str(BUDGET),
     "--body-timeout-s",
     str(TIMEOUT_S),
+    "--send-timeout-s",
+    str(SEND_TIMEOUT_S),
 ]
 CHAT_RENDER = "/v1/chat/completions/render"
 GENERATE = "/inference/v1/generate"
@@ -97,10 +104,25 @@ def test_max_pending_slow_bodies_are_let_go_and_a_normal_request_is_served(tiers
 
 def held_bytes(server: ServerProcess, name: str) -> float:
     """The process's own count of the bytes its admitted requests hold."""
+    return gauge(server, name, "held_bytes")
+
+
+def pending(server: ServerProcess, name: str) -> float:
+    """The process's own count of the requests it holds."""
+    return gauge(server, name, "pending")
+
+
+def gauge(server: ServerProcess, name: str, metric: str) -> float:
     prefix = {"render": "tandem_render", "generate": "tandem_generate", "door": "tandem_front"}
+    return metric_value(server, f"{prefix[name]}_{metric}")
+
+
+def metric_value(server: ServerProcess, metric: str) -> float:
+    """A metric's value (summed over its labels)."""
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    line = next(x for x in text.splitlines() if x.startswith(f"{prefix[name]}_held_bytes "))
-    return float(line.split()[1])
+    lines = [x for x in text.splitlines() if x.startswith((f"{metric} ", f"{metric}{{"))]
+    assert lines, f"{metric} not on {server.url}/metrics"
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines)
 
 
 # (served by, route, decoded MiB; holders: route, count, MiB declared each): the holders' slow
@@ -217,3 +239,119 @@ def test_fetched_media_are_held_within_the_workers_budget(tiers):
         wait_until(lambda: held_bytes(render, "render") == 0)  # every byte came back
     url, body = normal(tiers, "render")
     assert httpx.post(url, json=body, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize("name", ["render", "door"])
+def test_callers_that_never_read_their_answers_are_cut_and_a_normal_request_is_served(tiers, name):
+    # 64 connections post a render of three 720p photos and never read the answer: the
+    # first PENDING hold every slot with writes blocked on TCP flow control (the rest get
+    # 429). Without a send deadline they held them for as long as they stayed connected.
+    model = str(ensure_model("qwen2-vl"))
+    server = tiers[name]
+    images = [data_url(photo_jpeg(seed), "image/jpeg") for seed in range(3)]
+    photos = json.dumps(chat_body(model, images)).encode()
+    url, body = normal(tiers, name)
+    answer = httpx.post(f"{server.url}{CHAT_RENDER}", content=photos, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.content) > 4 * MIB  # past what the socket buffers take unread
+    holders = [server, tiers["render"]] if name == "door" else [server]
+    with NonReaders(server.url, CHAT_RENDER, 64, photos) as unread:
+        wait_until(lambda: pending(server, name) == PENDING, timeout_s=60)
+        refused = httpx.post(url, json=body, timeout=60)
+        assert refused.status_code == 429, refused.text
+        seconds, seen = serve_time(
+            lambda: httpx.post(url, json=body, timeout=60), SEND_TIMEOUT_S + 5
+        )
+        assert seconds is not None, f"not served within {SEND_TIMEOUT_S + 5} s: {seen}"
+        # The slots (and their bytes) came back while those callers are still connected.
+        for holder in holders:
+            holder_name = "door" if holder is server and name == "door" else "render"
+            wait_until(lambda h=holder, n=holder_name: pending(h, n) == 0, timeout_s=10)
+            assert held_bytes(holder, holder_name) == 0
+        assert unread.cut() >= PENDING
+        assert set(unread.statuses()) <= {200, 429, None}
+
+
+@pytest.mark.parametrize("name", ["generate", "door"])
+def test_a_stream_nobody_reads_is_cut_and_its_engine_request_aborted(tiers, name):
+    # A streamed answer whose caller stopped reading: its writes wait on TCP flow control
+    # while the engine keeps generating. The engine is then paused (keep) to hold the request
+    # unfinished; the send deadline must cut the stream and abort the engine request (before,
+    # the stream waited for ever, its slot held).
+    model = str(ensure_model("qwen2-vl"))
+    server, generate = tiers[name], tiers["generate"]
+    n, top = 8, 20
+    if name == "generate":
+        path = GENERATE
+        request = {"token_ids": [1017, 82, 88], "stream": True}
+        sampling = {"n": n, "logprobs": top, "ignore_eos": True, "temperature": 1.0}
+
+        def body(max_tokens: int) -> dict:
+            return {**request, "sampling_params": {**sampling, "max_tokens": max_tokens}}
+    else:
+        path = "/v1/chat/completions"
+        chat = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Count."}],
+            "stream": True,
+            "n": n,
+            "logprobs": True,
+            "top_logprobs": top,
+            "ignore_eos": True,
+            "temperature": 1.0,
+        }
+
+        def body(max_tokens: int) -> dict:
+            return {**chat, "max_tokens": max_tokens}
+
+    # Bytes the stream carries per engine step, from a short one read whole.
+    steps = 16
+    short = httpx.post(f"{server.url}{path}", json=body(steps), timeout=120)
+    assert short.status_code == 200, short.text
+    per_step = len(short.content) / steps
+    # Steps after which the socket buffers (a few MB on loopback) and the server's own
+    # buffer are surely full, and the room the context leaves past them.
+    fill_steps = math.ceil(8 * MIB / per_step)
+    max_tokens = 4096 - 64
+    assert fill_steps * 2 < max_tokens, (per_step, fill_steps)
+
+    def tokens() -> float:
+        return metric_value(generate, "vllm:generation_tokens_total")
+
+    wait_until(lambda: pending(generate, "generate") == 0)
+    before = tokens()
+    paused = False
+    try:
+        with NonReaders(server.url, path, 1, json.dumps(body(max_tokens)).encode()) as unread:
+            wait_until(lambda: tokens() > before, timeout_s=120)  # it runs
+            # Past the buffers (or already cut: a slow engine may not get that far within
+            # the deadline, which is the point).
+            wait_until(
+                lambda: tokens() - before >= fill_steps * n or pending(generate, "generate") == 0,
+                timeout_s=300,
+            )
+            keep = {"mode": "keep", "clear_cache": "false"}
+            r = httpx.post(f"{generate.url}/pause", params=keep, timeout=60)
+            assert r.status_code == 200, r.text
+            paused = True
+            assert tokens() - before < max_tokens * n, "the stream finished before the pause"
+            # Cut within the deadline: the engine request let go while the caller is still
+            # connected.
+            wait_until(lambda: pending(generate, "generate") == 0, SEND_TIMEOUT_S + 10)
+            wait_until(lambda: pending(server, name) == 0, SEND_TIMEOUT_S + 10)
+            assert unread.cut() == 1
+    finally:
+        if paused:
+            assert httpx.post(f"{generate.url}/resume", timeout=60).status_code == 200
+    # Resumed, the engine runs only a short probe: one still holding the stream's request
+    # would schedule it in the probe's steps.
+    probe_tokens = 8
+    before = tokens()
+    probe = {
+        "token_ids": [1017, 82, 88],
+        "sampling_params": {"max_tokens": probe_tokens, "ignore_eos": True},
+    }
+    r = httpx.post(f"{generate.url}{GENERATE}", json=probe, timeout=120)
+    assert r.status_code == 200, r.text
+    assert tokens() - before == probe_tokens
+    assert metric_value(generate, "vllm:num_requests_running") == 0
