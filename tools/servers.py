@@ -103,6 +103,10 @@ class ServerProcess:
                 except ProcessLookupError:
                     pass
                 self.proc.wait(timeout=10)
+        # What is left of its group (an engine core or worker whose server died first, as a
+        # fault test makes it) would hold memory and CPU for the rest of a test session.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self._log_file.close()
         if self.proc.returncode not in (0, -signal.SIGTERM, None):
             print(f"--- {self.name} log ---\n{self.log_text()}", file=sys.stderr)
