@@ -388,9 +388,7 @@ class Checker:
     def refusals(self) -> list[str]:
         out = []
         for op in self.log.ops:
-            failed = (
-                op.status >= 500 or op.cut or (op.status == 0 and op.kind == "client_generate")
-            )
+            failed = op.status >= 500 or op.cut or (op.status == 0 and op.kind == "client_generate")
             if not failed:
                 if op.status not in (0, 200):
                     out.append(f"{op.id} ({op.kind}, {self.at(op.start)}): {op.status} {op.error}")
