@@ -14,11 +14,11 @@ takes one):
 
 ``vllm serve`` answers every case of a family and stops, then our generate and door start
 for it while the next family's ``vllm serve`` starts (two engines alive at most). Two
-processes fewer than the fleet layout, as each costs
-seconds of imports on every family: upstream's render answers come from ``vllm serve
---enable-scale-out``, which mounts the very router ``vllm launch render`` serves (its
-``/v1/chat/completions/render``; ``test_render_parity`` holds the dedicated server to the
-same rules), and our door renders inline, render's own app in the door's process.
+processes fewer than the fleet layout, as each costs seconds of imports on every family:
+upstream's render answers come from ``vllm serve --enable-scale-out``, which mounts the very
+router ``vllm launch render`` serves (its ``/v1/chat/completions/render``;
+``test_render_parity`` holds the dedicated server to the same rules), and our door renders
+inline, render's own app in the door's process.
 """
 
 from __future__ import annotations

@@ -254,7 +254,8 @@ def test_callers_that_never_read_their_answers_are_cut_and_a_normal_request_is_s
     answer = httpx.post(f"{server.url}{CHAT_RENDER}", content=photos, timeout=120)
     assert answer.status_code == 200, answer.text
     assert len(answer.content) > 4 * MIB  # past what the socket buffers take unread
-    holders = [server, tiers["render"]] if name == "door" else [server]
+    # The tiers whose slots the callers hold, by the name their metrics go under.
+    holders = {name: server} | ({"render": tiers["render"]} if name == "door" else {})
     with NonReaders(server.url, CHAT_RENDER, 64, photos) as unread:
         wait_until(lambda: pending(server, name) == PENDING, timeout_s=60)
         refused = httpx.post(url, json=body, timeout=60)
@@ -264,8 +265,7 @@ def test_callers_that_never_read_their_answers_are_cut_and_a_normal_request_is_s
         )
         assert seconds is not None, f"not served within {SEND_TIMEOUT_S + 5} s: {seen}"
         # The slots (and their bytes) came back while those callers are still connected.
-        for holder in holders:
-            holder_name = "door" if holder is server and name == "door" else "render"
+        for holder_name, holder in holders.items():
             wait_until(lambda h=holder, n=holder_name: pending(h, n) == 0, timeout_s=10)
             assert held_bytes(holder, holder_name) == 0
         assert unread.cut() >= PENDING
