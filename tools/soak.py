@@ -8,6 +8,9 @@ The load, all through the front door, mixes:
   ``/inference/v1/generate`` with a ``trl-`` request id and JSON bodies (logprobs in TRL's shape);
 - tandem_client rollouts (binary bodies, items the door's node holds sent as null): two token-id
   prompts of 1-3 images each, n=4 with a fixed seed (vLLM refuses n > 1 under greedy);
+- background Responses (``/v1/responses`` with ``background: true``, the door's Responses store
+  on): read to their end from their own stream, or by asking for them until they end; one that
+  ends ``failed`` because generate was full (``overloaded``) is sent again, as a caller would;
 - a weight update every ``--weight-every`` seconds (tandem_client.update_weights through the
   door's control routes, the tandem_file backend): the served weights reloaded under a new
   version label, so every answer's tokens stay checkable against a replay;
@@ -15,7 +18,8 @@ The load, all through the front door, mixes:
 Chat and TRL requests are n=1 (greedy) or n=4 (seeded). Pass:
 - no 5xx; every request answered exactly once: generate's, render's and the door's access logs
   count exactly one 200 per request the load made of them;
-- each answer's tokens equal those of the same request replayed alone, direct (a sample);
+- each answer's tokens equal those of the same request replayed alone, direct (a sample; a
+  Response's text equals the replay's tokens decoded);
 - RSS of every process flat after warm-up (within max(64 MiB, 5%)), at the caches' default
   byte budgets (generate's item store and oneDNN's kernel cache at smaller ones, so that they
   fill during the run);
@@ -73,7 +77,9 @@ INFLATED_BYTES = 8 * 2**20
 """What each compressed hostile body inflates to (from ~1 KB)."""
 ROLLOUT_PROMPTS = 2
 GENERATE_ITEM_CACHE_BYTES = 256 * 2**20
-KINDS = ("chat", "chat", "trl", "trl", "rollout")
+KINDS = ("chat", "chat", "trl", "trl", "rollout", "responses")
+RESPONSE_ENDS = frozenset({"completed", "failed", "cancelled", "incomplete"})
+"""A stored response's statuses once its run has ended."""
 GENERATING_PATHS = ("/inference/v1/generate", "/v1/chat/completions")
 """The door's routes whose requests take a slot on generate."""
 
@@ -104,7 +110,8 @@ class Op:
     index: int
     kind: str
     """``chat`` (the door's OpenAI chat completions), ``trl`` (TRL's render-then-generate shape
-    through the door) or ``rollout`` (tandem_client through the door)."""
+    through the door), ``rollout`` (tandem_client through the door) or ``responses`` (a
+    background Response through the door)."""
     stream: bool
     n: int
     images: list[list[int]]
@@ -137,7 +144,9 @@ class Outcome:
     latency: float
     status: int
     tokens: list[list[int]] | None = None
-    """Per sample (a rollout's prompt-major), the token ids."""
+    """Per sample (a rollout's prompt-major), the token ids (a Response: None)."""
+    text: str | None = None
+    """A Response's output text."""
     error: str | None = None
     versions: list[str | None] = field(default_factory=list)
 
@@ -175,8 +184,9 @@ class Overload:
 
 
 class Stack:
-    """The three services as processes (generate taking weight updates from a temporary folder),
-    every cache at its default budget but generate's item store (``GENERATE_ITEM_CACHE_BYTES``)."""
+    """The three services as processes (generate taking weight updates from a temporary folder,
+    the door keeping Responses), every cache at its default budget but generate's item store
+    (``GENERATE_ITEM_CACHE_BYTES``)."""
 
     def __init__(self, model: str, generate_max_pending: int) -> None:
         self._weights = tempfile.TemporaryDirectory(prefix="tandem-soak-weights-")
@@ -202,6 +212,8 @@ class Stack:
                 self.generate.url,
                 "--enable-control-routes",
                 workers=1,
+                # The Responses store, as vllm serve turns it on: background Responses need it.
+                env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"},
             )
             self.servers.append(self.front)
             self.front.wait_healthy(timeout=120)
@@ -336,6 +348,8 @@ class Load:
         self.outcomes: list[Outcome] = []
         self.updates: list[dict[str, Any]] = []
         self.hostile: list[Hostile] = []
+        self.refused_responses = 0
+        """Background Responses that ended failed (overloaded) and were sent again."""
         self._images: dict[int, bytes] = {}
         self._tokenizer: Any = None
         limits = httpx.Limits(max_connections=8 * cfg.concurrency)
@@ -360,11 +374,13 @@ class Load:
                 else:
                     seeds.append(rng.randrange(IMAGE_POOL))
             images.append(seeds)
+        # A Response has one sample (the Responses API has no n).
+        sampled = 4 if kind == "rollout" or rng.random() < 0.25 else 1
         op = Op(
             index=self.next_index,
             kind=kind,
-            stream=kind == "chat" and rng.random() < 0.5,
-            n=4 if kind == "rollout" or rng.random() < 0.25 else 1,
+            stream=kind in ("chat", "responses") and rng.random() < 0.5,
+            n=1 if kind == "responses" else sampled,
             images=images,
         )
         self.next_index += 1
@@ -378,20 +394,38 @@ class Load:
             **op.sampling(self.cfg.max_tokens),
         )
 
+    def response(self, op: Op) -> dict[str, Any]:
+        """The chat of ``self.chat(op)`` as a background Response (greedy, one sample)."""
+        content: list[dict[str, Any]] = [
+            {"type": "input_image", "image_url": data_url(self.image(s))} for s in op.images[0]
+        ]
+        content.append({"type": "input_text", "text": f"Describe image set {op.index % 5}."})
+        return {
+            "model": self.model,
+            "input": [{"role": "user", "content": content}],
+            "background": True,
+            "stream": op.stream,
+            "temperature": 0.0,
+            "max_output_tokens": self.cfg.max_tokens,
+        }
+
     def prompt_ids(self, n_images: int, index: int) -> list[int]:
         """A token-id prompt as a trainer holds it: the chat template with one image
         placeholder per image (render expands each to the image's tokens)."""
+        content = [{"type": "image"}] * n_images + [
+            {"type": "text", "text": f"Compare these, take {index % 7}."}
+        ]
+        text = self.tokenizer().apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+        return list(self.tokenizer().encode(text, add_special_tokens=False))
+
+    def tokenizer(self) -> Any:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.model)
-        content = [{"type": "image"}] * n_images + [
-            {"type": "text", "text": f"Compare these, take {index % 7}."}
-        ]
-        text = self._tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-        )
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return self._tokenizer
 
     def client(self, render: str, generate: str, transport: Any = None) -> AsyncTandemClient:
         return AsyncTandemClient(
@@ -511,6 +545,8 @@ class Load:
                 await self._chat(http, op, outcome)
             elif op.kind == "trl":
                 await self._trl(http, op, outcome)
+            elif op.kind == "responses":
+                await self._responses(http, op, outcome)
             else:
                 result = await self.rollout(client, op)
                 outcome.status = 200
@@ -567,6 +603,64 @@ class Load:
                 outcome.error = "logprobs not in TRL's shape (no token strings)"
                 return
         outcome.tokens = [c["token_ids"] for c in choices]
+
+    async def _responses(self, http: httpx.AsyncClient, op: Op, outcome: Outcome) -> None:
+        # A background Response ends failed (code overloaded) when generate was full as its
+        # run reached it: the caller learns it only then, and sends it again.
+        for _ in range(MAX_429_RETRIES):
+            response = await self._send(http, "/v1/responses", self.response(op))
+            if op.stream:
+                ended = await self._response_events(response, outcome)
+            else:
+                queued = await self._document(response, outcome)
+                ended = queued and await self._response_settled(http, queued["id"])
+            if not ended:
+                return
+            error = ended.get("error") or {}
+            if ended["status"] != "failed" or error.get("code") != "overloaded":
+                break
+            self.refused_responses += 1
+            await asyncio.sleep(1.0)
+        # Incomplete at max_output_tokens is the answer the request asked for.
+        reason = (ended.get("incomplete_details") or {}).get("reason")
+        if ended["status"] != "completed" and reason != "max_output_tokens":
+            outcome.error = f"response {ended['status']}: {ended.get('error')}"[:300]
+            return
+        (message,) = [o for o in ended["output"] if o["type"] == "message"]
+        outcome.text = "".join(c["text"] for c in message["content"])
+
+    async def _response_settled(self, http: httpx.AsyncClient, rid: str) -> dict[str, Any]:
+        """The stored response once its run has ended (asked for every 0.2 s)."""
+        while True:
+            r = await http.get(f"{self.front}/v1/responses/{rid}")
+            r.raise_for_status()
+            answer = r.json()
+            if answer["status"] in RESPONSE_ENDS:
+                return answer
+            await asyncio.sleep(0.2)
+
+    async def _response_events(
+        self, response: httpx.Response, outcome: Outcome
+    ) -> dict[str, Any] | None:
+        """The response its background stream ends with (an ``error`` event: ``failed`` with
+        that error), or None with the failure noted."""
+        try:
+            outcome.status = response.status_code
+            if response.status_code != 200:
+                outcome.error = (await response.aread()).decode(errors="replace")[:300]
+                return None
+            last: dict[str, Any] | None = None
+            async for line in sse_lines(response):
+                if line.startswith("data: {"):
+                    last = json.loads(line[6:])
+        finally:
+            await response.aclose()
+        if last is not None and last.get("type") == "error":
+            return {"status": "failed", "error": last}
+        if last is None or last.get("response", {}).get("status") not in RESPONSE_ENDS:
+            outcome.error = f"the background stream ended with {last}"[:300]
+            return None
+        return last["response"]
 
     async def _document(self, response: httpx.Response, outcome: Outcome) -> Any:
         """The answer's JSON, or None with the failure noted."""
@@ -648,6 +742,8 @@ class Report:
     windows: list[dict[str, float]]
     rss: dict[str, dict[str, float]]
     overloaded: int
+    responses_refused: int
+    """Background Responses that ended failed (overloaded), then sent again."""
     replayed: int
     updates: list[dict[str, Any]]
     versions_seen: list[str]
@@ -707,6 +803,8 @@ class Counts:
     generate: int
     render: int
     door_chat: int
+    door_responses: int
+    """POSTs answered 200: queued (then read to their end) or their background stream."""
     door_generate: int
     door_render: int
 
@@ -719,6 +817,7 @@ def count_200s(stack_servers: dict[str, ServerProcess]) -> Counts:
             stack_servers["render"], ("/v1/chat/completions/render", "/v1/completions/render")
         ),
         door_chat=access_count(door, ("/v1/chat/completions",)),
+        door_responses=access_count(door, ("/v1/responses",)),
         door_generate=access_count(door, ("/inference/v1/generate",)),
         door_render=access_count(door, ("/v1/chat/completions/render", "/v1/completions/render")),
     )
@@ -738,6 +837,9 @@ def check(
     for o in outcomes:
         if o.status >= 500 or o.status == 0 or o.error:
             failures.append(f"op {o.op.index} ({o.op.kind}): {o.status} {o.error}")
+        elif o.op.kind == "responses":
+            if o.text is None:
+                failures.append(f"op {o.op.index} (responses): completed without a message")
         elif o.tokens is None or len(o.tokens) != o.op.n * len(o.op.images):
             failures.append(f"op {o.op.index} ({o.op.kind}): {o.tokens and len(o.tokens)} samples")
         elif any(not t for t in o.tokens):
@@ -750,16 +852,18 @@ def check(
     # The door renders a chat completion again when generate refused it (429) and it is sent
     # again: render answers those too.
     chat_refused = sum(1 for x in load.watch.overloads if x.path == "/v1/chat/completions")
-    # What each server must have answered with 200, once each: every chat op is one render and
-    # one generate request behind the door; a TRL op one of each through it; a rollout one
-    # render request (its prompts in one batch) and one generate request per prompt.
+    # What each server must have answered with 200, once each: every chat op and Response is
+    # one render and one generate request behind the door; a TRL op one of each through it; a
+    # rollout one render request (its prompts in one batch) and one generate request per
+    # prompt. A Response that ended failed (overloaded) was rendered, and sent again.
     inflated = sum(1 for h in load.hostile if h.kind == "compressed" and h.status == 200)
     # A render nobody read was still answered 200 (and logged) before it was cut.
     unread = sum(1 for h in load.hostile if h.kind == "unread" and h.status == 200)
     expected = Counts(
         generate=len(ok) - len(kinds["rollout"]) + rollout_prompts + inflated,
-        render=len(ok) + chat_refused + unread,
+        render=len(ok) + chat_refused + unread + load.refused_responses,
         door_chat=len(kinds["chat"]),
+        door_responses=len(kinds["responses"]) + load.refused_responses,
         door_generate=len(kinds["trl"]) + rollout_prompts + inflated,
         door_render=len(kinds["trl"]) + len(kinds["rollout"]) + unread,
     )
@@ -886,7 +990,11 @@ async def soak(
 
     # Replays are requests too: the access-log counts above were taken before them.
     mismatches: list[str] = []
-    done = [o for o in load.outcomes if o.status == 200 and o.tokens and not o.error]
+    done = [
+        o
+        for o in load.outcomes
+        if o.status == 200 and (o.tokens or o.text is not None) and not o.error
+    ]
     sample = random.Random(cfg.seed).sample(done, min(cfg.replay, len(done)))
     async with (
         httpx.AsyncClient(timeout=300) as http,
@@ -895,7 +1003,15 @@ async def soak(
         served_version = (await http.get(f"{front}/weight_info")).json()["weight_version"]
         for o in sample:
             alone = await replay(load, http, direct, render, generate, o.op)
-            if alone != o.tokens:
+            if o.op.kind == "responses":
+                # vLLM writes a Response's text from its tokens as it writes a chat's.
+                alone_text = load.tokenizer().decode(alone[0], skip_special_tokens=True)
+                if alone_text != o.text:
+                    mismatches.append(
+                        f"op {o.op.index} (responses, stream={o.op.stream}): {o.text!r} under "
+                        f"load, {alone_text!r} alone ({alone[0]})"
+                    )
+            elif alone != o.tokens:
                 mismatches.append(
                     f"op {o.op.index} ({o.op.kind}, n={o.op.n}, stream={o.op.stream}): "
                     f"{o.tokens} under load, {alone} alone"
@@ -909,6 +1025,7 @@ async def soak(
         windows=windows(load, t0, cfg.window_s),
         rss=rss,
         overloaded=len(load.watch.overloads),
+        responses_refused=load.refused_responses,
         replayed=len(sample),
         updates=load.updates,
         versions_seen=sorted({v or "?" for o in load.outcomes for v in o.versions}),
@@ -930,6 +1047,7 @@ async def soak(
 def print_report(report: Report, cfg: SoakConfig) -> None:
     print(f"\n{report.requests} ops in {cfg.seconds:.0f} s at concurrency {cfg.concurrency}")
     print(f"by kind: {report.by_kind}; 429s (then retried): {report.overloaded}")
+    print(f"background Responses ended failed (overloaded), sent again: {report.responses_refused}")
     print(f"weight updates: {len(report.updates)}; versions rollouts saw: {report.versions_seen}")
     print(f"replayed alone: {report.replayed}\n")
     print("| t (s) | ops answered | generate req/s | p50 ms | p95 ms | p99 ms | 429s | updates |")
