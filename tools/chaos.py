@@ -216,6 +216,9 @@ class Expected:
     pure: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     cont: dict[str, dict[str, dict[int, list[int]]]] = field(default_factory=dict)
     """``"A>B"`` -> prompt -> k -> the tokens after A's first k, under B."""
+    after: dict[str, dict[str, dict[str, list[int]]]] = field(default_factory=dict)
+    """weights -> prompt -> a prefix (its tokens joined by commas) -> the tokens after it:
+    asked after the run, for answers that no single switch explains."""
 
     def classify(self, prompt: str, tokens: list[int], prefix: bool = False) -> set[str] | None:
         """The weight sets that computed ``tokens`` (None: none known did); ``prefix``: the
@@ -233,6 +236,24 @@ class Expected:
                 if tokens[:k] == self.pure[first][prompt][:k] and matches(tokens[:k] + rest):
                     return {first, then}
         return None
+
+    def switching(self, prompt: str, tokens: list[int], sets: set[str]) -> bool:
+        """Whether each of ``tokens`` is the greedy next token of one of ``sets`` after the
+        tokens before it (an answer frozen by the keep pause across two updates or more
+        switches weights at each; ``after`` holds what each set answers after each prefix)."""
+        if not tokens:
+            return False
+        for i, token in enumerate(tokens):
+            after = [self.after.get(w, {}).get(prompt, {}).get(joined(tokens[:i])) for w in sets]
+            nexts = {a[0] for a in after if a}
+            if token not in nexts:
+                return False
+        return True
+
+
+def joined(tokens: list[int]) -> str:
+    """A prefix as ``Expected.after`` keys it."""
+    return ",".join(map(str, tokens))
 
 
 # -- the invariants --------------------------------------------------------------------------
@@ -297,6 +318,8 @@ class Checker:
             sets, k = allowed(self.log.updates, op.start, op.end)
             if used is not None and op.cut and used & sets:
                 continue  # a prefix several sets share: one allowed is enough
+            if used is None and self.expected.switching(op.prompt, op.tokens, sets):
+                continue
             if used is None:
                 out.append(
                     f"{op.id} ({op.kind}, {self.at(op.start)}-{self.at(op.end)}): tokens "
@@ -656,6 +679,32 @@ class Run:
             out[key] = dict(zip(ks, rests, strict=True))
         return out
 
+    async def switch_continuations(self) -> None:
+        """For each answer that no single switch of weights explains (one frozen by the keep
+        pause across two updates or more), what each weight set it may come from answers after
+        each of its prefixes (``Expected.after``): asked of a node once the run is over, each
+        set loaded in turn by an update the run's log does not count."""
+        odd = [
+            op
+            for op in self.log.ops
+            if op.status == 200
+            and op.tokens
+            and self.expected.classify(op.prompt, op.tokens, prefix=op.cut) is None
+        ]
+        sets = {w for op in odd for w in allowed(self.log.updates, op.start, op.end)[0]}
+        url = self.stack.nodes[0].url
+        for k, weights in enumerate(sorted(sets & set(self.files)), start=len(self.log.updates)):
+            if not (await self.update(k + 1, weights, logged=False)).ok:
+                raise HarnessError(f"loading {weights} to explain {len(odd)} answers failed")
+            table = self.expected.after.setdefault(weights, {})
+            for op in odd:
+                tokens = op.tokens or []
+                for i in range(len(tokens)):
+                    rest = await self.greedy(url, self.prompts[op.prompt], tokens[:i])
+                    table.setdefault(op.prompt, {})[joined(tokens[:i])] = rest
+        if odd:
+            self.say(f"{len(odd)} answers switched weights more than once: asked what follows")
+
     async def until_every_node_serves(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -679,12 +728,14 @@ class Run:
         update.steps.append(step)
         return step
 
-    async def update(self, k: int, weights: str) -> Update:
+    async def update(self, k: int, weights: str, logged: bool = True) -> Update:
         """TRL's sequence through the door: pause (keep), start, the chunks, finish with
         ``{}`` (the label stays), resume. As TRL, the finish is sent even when a chunk failed,
-        and nothing but the resume when the start failed."""
+        and nothing but the resume when the start failed. ``logged``: part of the run's log
+        (no: an update of the checker's own, after the run)."""
         update = Update(k, weights)
-        self.log.updates.append(update)
+        if logged:
+            self.log.updates.append(update)
         await self.step(update, "pause", "/pause?mode=keep", None)
         start = await self.step(update, "start", "/start_weight_update", {})
         if start.status == 200:
@@ -985,6 +1036,7 @@ class Run:
                     k for k in self.prompts if k.startswith("chat") == ("chat" in kind)
                 ):
                     await self.request(kind, key)
+            await self.switch_continuations()
         finally:
             self.stopping.set()
             self.updates_stop.set()

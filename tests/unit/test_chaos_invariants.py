@@ -144,3 +144,31 @@ def test_a_stream_cut_on_a_node_that_did_not_fail_is_a_5xx_while_others_could_se
     cut = cut_stream(28, [3, 3], end=30)
     [violation] = check([cut], obs=everyone, seen=[(28.1, 0, cut.id)])
     assert "could serve" in violation
+
+
+def test_an_answer_frozen_across_two_updates_may_switch_weights_at_each():
+    # #3 (A again) finishes while an answer begun under #1 still runs: A's first token, B's
+    # next (#2), then A's after those (#3). No single switch explains it; what each set
+    # answers after each prefix, asked after the run, does.
+    log_updates = [*updates(), Update(3, A, finish_sent=30.0, finish_done=31.0, ok=True)]
+    twice = op(19.5, [2, 3, 7, 7], end=32)
+    after = {
+        A: {"p": {"": [2, 2, 2, 2], "2": [2, 2, 2], "2,3": [7, 7], "2,3,7": [7]}},
+        B: {"p": {"": [3, 3, 3, 3], "2": [3, 4, 4], "2,3": [4, 4], "2,3,7": [4]}},
+    }
+    expected = Expected(pure=EXPECTED.pure, cont=EXPECTED.cont, after=after)
+
+    def violations(answer: Op, known: Expected) -> list[str]:
+        log = Log(seed=0, ops=[answer], updates=log_updates)
+        log.end = 100.0
+        return Checker(log, known, CFG).all()
+
+    [unexplained] = violations(twice, EXPECTED)  # before the continuations are asked
+    assert "no known weights" in unexplained
+    assert violations(twice, expected) == []
+    # A last token neither set answers after that prefix: a mix, whatever the switches.
+    [mixed] = violations(op(19.5, [2, 3, 7, 9], end=32), expected)
+    assert "no known weights" in mixed
+    # Switching to B is allowed only while B's update finished during the answer.
+    [stale] = violations(op(32, [2, 3, 7, 7], end=33), expected)
+    assert "no known weights" in stale
