@@ -106,6 +106,10 @@ class FaultProxy:
 
     def node_down(self) -> None:
         """The node was killed: refuse connections now, until its port accepts again."""
+        if self._server is not None:
+            # At once, not when the probe first runs: a connection accepted meanwhile would
+            # be reset, where a dead node's port refuses it (and the caller tries another).
+            self._server.close()
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self._until_node_accepts())
 
@@ -143,6 +147,9 @@ class FaultProxy:
             try:
                 up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
             except OSError:
+                # Accepted just before the node's death was known: what the caller sent was
+                # sent to this node, and is lost with it.
+                await self._record_first_read(reader)
                 _reset(conn)
                 self.node_down()
                 return
@@ -180,6 +187,10 @@ class FaultProxy:
         finally:
             flowing.cancel()
         return held
+
+    async def _record_first_read(self, reader: asyncio.StreamReader) -> None:
+        with contextlib.suppress(TimeoutError, OSError):
+            self._record(await asyncio.wait_for(reader.read(_READ), 0.5), 0)
 
     async def _pump(
         self,

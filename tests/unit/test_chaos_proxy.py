@@ -129,3 +129,23 @@ async def test_a_dead_node_is_a_refused_connection_until_it_accepts_again(pair):
         except ConnectionRefusedError:
             await asyncio.sleep(0.1)
     assert answer.endswith(b"ok")
+
+
+async def test_a_killed_node_refuses_at_once_not_when_the_proxy_first_finds_it_dead(pair):
+    node, proxy = pair
+    await node.stop()
+    proxy.node_down()  # no await between: the nemesis kills and tells in one step
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", proxy.port)
+
+
+async def test_a_request_sent_as_its_node_died_is_recorded_as_reaching_it(pair):
+    # Accepted before anyone knew the node was dead: the caller sent it to this node, which
+    # lost it (the nemesis's checker counts the failure against the node's death).
+    node, proxy = pair
+    await node.stop()
+    answer = await send(proxy.port, request("/inference/v1/generate", b'{"id":"chq0000042"}'))
+    assert answer == b""
+    assert [rid for _, rid in proxy.seen] == ["chq0000042"]
+    with pytest.raises(ConnectionRefusedError):  # and the proxy now refuses, as the node
+        await asyncio.open_connection("127.0.0.1", proxy.port)
