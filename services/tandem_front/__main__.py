@@ -105,6 +105,13 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         help="port to listen on (default: $TANDEM_FRONT_PORT, else 8000)",
     )
     p.add_argument(
+        "--uds",
+        metavar="PATH",
+        help="listen on this Unix-domain socket instead of --host/--port, as vllm serve's --uds "
+        "(clients name the node unix:PATH); a socket file nothing listens on is replaced, "
+        "one a server listens on refused, and the file is removed on exit",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=int(env("TANDEM_FRONT_WORKERS", "0")) or None,

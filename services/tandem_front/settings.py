@@ -72,6 +72,9 @@ class FrontSettings:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: str | None = None
+    """A Unix-domain socket path to listen on instead of ``host`` and ``port`` (``--uds``,
+    as ``vllm serve``'s); clients name the node ``unix:PATH``. None: TCP."""
     workers: int = 1
     """Worker processes. One, as ``vllm serve`` runs one API process: the door's own work is
     5-6 ms of CPU per 448x448 chat, so one worker carries well over a hundred requests a

@@ -1,4 +1,4 @@
-"""``python -m tandem_generate --model DIR [vLLM engine options] [--host H --port P ...]``"""
+"""``python -m tandem_generate --model DIR [vLLM options] [--host H --port P | --uds PATH ...]``"""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tandem_http import (
     add_send_deadline_flags,
     keys_from_env,
     program_name,
+    serve,
 )
 
 from .app import create_app
@@ -51,6 +52,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     )
     ours.add_argument("--host", default="127.0.0.1", help="address to listen on")
     ours.add_argument("--port", type=int, default=8200, help="port to listen on")
+    ours.add_argument(
+        "--uds",
+        metavar="PATH",
+        default=None,
+        help="listen on this Unix-domain socket instead of --host/--port, as vllm serve's --uds "
+        "(clients name the node unix:PATH); a socket file nothing listens on is replaced, "
+        "one a server listens on refused, and the file is removed on exit",
+    )
     ours.add_argument(
         "--api-key",
         nargs="+",
@@ -197,6 +206,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
         served_model_names=names,
         host=args.host,
         port=args.port,
+        uds=args.uds,
         api_key=tuple(args.api_key) if args.api_key else os.environ.get("TANDEM_API_KEY"),
         admin_api_key=tuple(args.admin_api_key or keys_from_env(os.environ.get(ADMIN_KEY_ENV))),
         door_api_key=tuple(args.door_api_key or keys_from_env(os.environ.get(DOOR_KEY_ENV))),
@@ -268,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             proxy_headers=False,
         )
     )
-    server.run()
+    serve(server, settings.uds)
     if engine_died.is_set():
         sys.exit(ENGINE_DIED_EXIT_CODE)
 

@@ -32,6 +32,9 @@ class GenerateSettings:
 
     host: str = "127.0.0.1"
     port: int = 8200
+    uds: str | None = None
+    """A Unix-domain socket path to listen on instead of ``host`` and ``port`` (``--uds``,
+    as ``vllm serve``'s); clients name the node ``unix:PATH``. None: TCP."""
     api_key: str | tuple[str, ...] | None = None
     """Inference keys: when set, every route but /health needs ``Authorization: Bearer
     <key>`` with one of them or with an admin key. Held items are kept per key."""

@@ -1,4 +1,4 @@
-"""``python -m tandem_render --model DIR [--workers N] [--host H] [--port P] ...``"""
+"""``python -m tandem_render --model DIR [--workers N] [--host H --port P | --uds PATH] ...``"""
 
 from __future__ import annotations
 
@@ -53,6 +53,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         type=int,
         default=int(env("TANDEM_RENDER_PORT", "8100")),
         help="port to listen on (default: $TANDEM_RENDER_PORT, else 8100)",
+    )
+    p.add_argument(
+        "--uds",
+        metavar="PATH",
+        help="listen on this Unix-domain socket instead of --host/--port, as vllm serve's --uds "
+        "(clients name the node unix:PATH); a socket file nothing listens on is replaced, "
+        "one a server listens on refused, and the file is removed on exit",
     )
     p.add_argument(
         "--workers",

@@ -93,6 +93,9 @@ class RenderSettings:
 
     host: str = "127.0.0.1"
     port: int = 8100
+    uds: str | None = None
+    """A Unix-domain socket path to listen on instead of ``host`` and ``port`` (``--uds``,
+    as ``vllm serve``'s); clients name the node ``unix:PATH``. None: TCP."""
     workers: int = field(default_factory=render_default_workers)
     """Worker processes; rendering is CPU- and GIL-bound, so throughput grows with them up to
     the cores free for it (default: the usable cores but one, see ``render_default_workers``)."""

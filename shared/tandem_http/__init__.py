@@ -60,7 +60,7 @@ from .send import (
     TransportInScope,
     add_send_deadline_flags,
 )
-from .server import program_name, run_server, usable_cores
+from .server import program_name, run_server, serve, usable_cores
 from .service_app import add_server_info_routes, models_response, service_app
 from .settings_json import (
     serve_settings,
@@ -133,6 +133,7 @@ __all__ = [
     "request_id_of",
     "program_name",
     "run_server",
+    "serve",
     "usable_cores",
     "serve_settings",
     "service_app",

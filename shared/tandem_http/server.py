@@ -3,25 +3,33 @@
 Workers each listen on their own ``SO_REUSEPORT`` socket, so the kernel spreads connections
 across them. (uvicorn's own multi-worker mode shares one listening socket, and on Linux one
 worker can end up accepting every connection of a keep-alive client.)
+
+With ``uds`` (``--uds PATH``) the server listens on that Unix-domain socket instead, host and
+port unused, as ``vllm serve --uds`` does; Linux has no ``SO_REUSEPORT`` for them, so the
+workers share the one socket.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
 from .draining import DRAIN_GRACE_S, Drain, DrainingConfig, DrainingServer
 from .metrics import MULTIPROC_ENV, mark_process_dead, prepare_multiprocess_dir
 
-__all__ = ["program_name", "run_server", "usable_cores"]
+__all__ = ["program_name", "run_server", "serve", "unix_socket", "usable_cores"]
 
 log = logging.getLogger("tandem")
 
@@ -58,6 +66,76 @@ class PortInUse(RuntimeError):
 
 class WorkersFailing(RuntimeError):
     """A worker keeps dying right after it starts."""
+
+
+class SocketPathUnusable(RuntimeError):
+    """The ``--uds`` path cannot be listened on (a server listens there, or it is no socket)."""
+
+
+@contextmanager
+def unix_socket(path: str) -> Iterator[socket.socket]:
+    """A Unix-domain socket bound at ``path`` (listening once uvicorn serves on it), its
+    file removed on exit unless another server has replaced it since. A socket file nothing
+    listens on (left by a killed server) is replaced, as uvicorn does; one a server listens
+    on is refused, as a taken port is."""
+    _clear_stale(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise SocketPathUnusable(f"cannot listen on {path} ({exc.strerror or exc})") from None
+    bound = os.stat(path)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        _remove_if_same(path, bound)
+
+
+def _clear_stale(path: str) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SocketPathUnusable(f"{path} exists and is not a socket: not replacing it")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            # Nothing listens: a killed server's leftover, or one still starting (not
+            # listening yet), whose path this server then takes over, as uvicorn's would.
+            # (vllm serve refuses any file there, so a killed server blocks its restart.)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        except OSError as exc:  # a full backlog, no permission: someone is there
+            raise SocketPathUnusable(f"{path} cannot be taken over ({exc})") from None
+    raise SocketPathUnusable(f"{path} is in use by another process")
+
+
+def _remove_if_same(path: str, bound: os.stat_result) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):
+            os.unlink(path)
+
+
+def serve(server: DrainingServer, uds: str | None = None) -> None:
+    """Run ``server`` in this process on its config's host and port, or on the Unix-domain
+    socket ``uds`` (host and port then unused); exits (status 1, the reason on stderr) when
+    that socket cannot be taken."""
+    if uds is None:
+        server.run()
+        return
+    try:
+        with unix_socket(uds) as sock:
+            _announce(uds)
+            server.run(sockets=[sock])
+    except SocketPathUnusable as exc:
+        raise SystemExit(f"tandem: {exc}") from None
 
 
 def _config(app_factory: str, log_level: str) -> DrainingConfig:
@@ -98,9 +176,21 @@ def _claim(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker(app_factory: str, host: str, port: int, log_level: str) -> None:
-    sock = _listen(host, port)
-    DrainingServer(_config(app_factory, log_level)).run(sockets=[sock])
+def _worker(
+    app_factory: str, host: str, port: int, log_level: str, shared: socket.socket | None
+) -> None:
+    config = _config(app_factory, log_level)  # configures uvicorn's loggers
+    if shared is not None:  # the supervisor's Unix-domain socket
+        _announce(shared.getsockname())
+    sock = _listen(host, port) if shared is None else shared
+    DrainingServer(config).run(sockets=[sock])
+
+
+def _announce(path: str) -> None:
+    # uvicorn names the address it bound itself, and says nothing of sockets handed to it.
+    logging.getLogger("uvicorn.error").info(
+        "Bound unix socket %s: serving on it once the application has started", path
+    )
 
 
 def run_server(
@@ -111,8 +201,10 @@ def run_server(
     workers: int,
     env: dict[str, str],
     log_level: str = "info",
+    uds: str | None = None,
 ) -> None:
-    """Serve ``app_factory`` (``"package.module:create"``) until SIGINT/SIGTERM.
+    """Serve ``app_factory`` (``"package.module:create"``) until SIGINT/SIGTERM, on
+    ``host:port`` or, given ``uds``, on that Unix-domain socket (see ``unix_socket``).
 
     ``env`` goes into ``os.environ`` first: worker processes import and call the factory
     themselves, so environment variables (e.g. serialized settings) are how the factory gets its
@@ -133,17 +225,29 @@ def run_server(
         if workers <= 1:
             config = _config(app_factory, log_level)
             config.host, config.port = host, port
-            DrainingServer(config).run()
+            serve(DrainingServer(config), uds)
+        elif uds is not None:
+            with unix_socket(uds) as sock:
+                _supervise(app_factory, host, port, workers, log_level, sock)
         else:
             _supervise(app_factory, host, port, workers, log_level)
-    except (PortInUse, WorkersFailing) as exc:
+    except (PortInUse, SocketPathUnusable, WorkersFailing) as exc:
         raise SystemExit(f"tandem: {exc}") from None
     finally:
         if own_metrics_dir is not None:
             shutil.rmtree(own_metrics_dir, ignore_errors=True)
 
 
-def _supervise(app_factory: str, host: str, port: int, workers: int, log_level: str) -> None:
+def _supervise(
+    app_factory: str,
+    host: str,
+    port: int,
+    workers: int,
+    log_level: str,
+    shared: socket.socket | None = None,
+) -> None:
+    """Run and restart the workers; with ``shared`` (a bound Unix-domain socket, handed to
+    each worker) they serve on it instead of ``host:port``."""
     # spawn: each worker starts clean and imports the app itself (no state inherited by fork).
     ctx = multiprocessing.get_context("spawn")
     stopping = False
@@ -153,13 +257,12 @@ def _supervise(app_factory: str, host: str, port: int, workers: int, log_level: 
         stopping = True
 
     # Held for the server's life: a port in use fails the launch, not every worker.
-    claim = _claim(host, port)
+    claim = _claim(host, port) if shared is None else None
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def start(i: int) -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(
-            target=_worker, args=(app_factory, host, port, log_level), name=f"worker-{i}"
-        )
+        args = (app_factory, host, port, log_level, shared)
+        p = ctx.Process(target=_worker, args=args, name=f"worker-{i}")
         p.start()
         return p
 
@@ -197,7 +300,8 @@ def _supervise(app_factory: str, host: str, port: int, workers: int, log_level: 
                 )
                 restart_at[i] = now + delay
     finally:
-        claim.close()
+        if claim is not None:
+            claim.close()
         for p in procs:
             if p.is_alive():
                 p.terminate()  # SIGTERM: the worker drains

@@ -35,7 +35,7 @@ def settings_from_cli(cls: type[T], args: dict[str, Any]) -> T:
 
 def serve_settings(app_factory: str, settings: Any, env_name: str) -> None:
     """``run_server`` for a service whose workers build their app from ``settings`` (host,
-    port, workers, log_level fields), handed to them as JSON in ``env_name``."""
+    port, uds, workers, log_level fields), handed to them as JSON in ``env_name``."""
     from .server import run_server
 
     run_server(
@@ -45,4 +45,5 @@ def serve_settings(app_factory: str, settings: Any, env_name: str) -> None:
         workers=settings.workers,
         env={env_name: settings_to_json(settings)},
         log_level=settings.log_level,
+        uds=settings.uds,
     )

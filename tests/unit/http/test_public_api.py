@@ -77,6 +77,7 @@ def test_public_api_is_pinned() -> None:
             "read_raw_body",
             "request_id_of",
             "run_server",
+            "serve",
             "serve_settings",
             "service_app",
             "settings_from_cli",
