@@ -58,6 +58,7 @@ from .errors import (
 from .media import ImageLike, MediaLike, image_source, media_source
 from .rollout import RolloutResult, rollout
 from .routing import ROUTE_KEY_HEADER, RoundRobin, affinity_key
+from .unix_nodes import node_client
 from .weights import write_safetensors
 
 __all__ = ["AsyncTandemClient"]
@@ -220,11 +221,10 @@ class AsyncTandemClient:
         self._control_headers = (
             {"authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
         )
-        self._http = httpx.AsyncClient(
-            timeout=timeout_s,
-            headers=headers,
-            transport=transport,
-            limits=httpx.Limits(max_connections=2 * max_concurrency),
+        limits = httpx.Limits(max_connections=2 * max_concurrency)
+        nodes = [*self.render_nodes.urls, *(s.text for s in self._generate_source.specs)]
+        self._http = node_client(
+            nodes, limits, timeout=timeout_s, headers=headers, transport=transport, limits=limits
         )
 
     async def __aenter__(self) -> AsyncTandemClient:

@@ -1,6 +1,7 @@
 """Where the nodes are (fixed URLs, or every address of a DNS name) and which may get work.
 
-A node spec is a base URL (``http://10.0.0.7:8200``) or ``dns+http://NAME:PORT``: every
+A node spec is a base URL (``http://10.0.0.7:8200``; ``unix:/run/tandem/generate.sock`` for a
+node on a Unix-domain socket, see ``tandem_client.unix_nodes``) or ``dns+http://NAME:PORT``: every
 address NAME resolves to (A and AAAA records, the system resolver), each as
 ``http://ADDRESS:PORT``. A Kubernetes headless Service resolves to its ready pods, so scaling
 a StatefulSet adds and removes nodes. ``NodeSource`` resolves again when asked (the door
@@ -25,6 +26,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from .unix_nodes import UNIX_PREFIX, unix_socket_path
 
 __all__ = [
     "DNS_PREFIX",
@@ -56,12 +59,19 @@ class NodeSpec:
 
 
 def parse_node_spec(text: str) -> NodeSpec:
-    """A node spec checked: ``http(s)://HOST[:PORT]`` or ``dns+http://NAME:PORT``."""
+    """A node spec checked: ``http(s)://HOST[:PORT]``, ``unix:/SOCKET/PATH`` or
+    ``dns+http://NAME:PORT``."""
     text = text.strip().rstrip("/")
+    if text.startswith(UNIX_PREFIX):
+        unix_socket_path(text)  # a ValueError names what is wrong
+        return NodeSpec(text, "unix", None, 0)
     dns = text.startswith(DNS_PREFIX)
     parts = urlsplit(text.removeprefix(DNS_PREFIX))
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{text!r} is not a node URL (http://HOST:PORT or dns+http://NAME:PORT)")
+        raise ValueError(
+            f"{text!r} is not a node URL (http://HOST:PORT, unix:/SOCKET/PATH or "
+            "dns+http://NAME:PORT)"
+        )
     if dns and parts.scheme != "http":
         # The nodes would be reached by address, which no certificate names.
         raise ValueError(f"{text!r}: discovery takes dns+http:// only")
