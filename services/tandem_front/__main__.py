@@ -39,7 +39,8 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         type=_urls,
         default=_urls(env("TANDEM_RENDER_URLS", "")) if env("TANDEM_RENDER_URLS") else None,
         required=not env("TANDEM_RENDER_URLS"),
-        help="render node base URLs, comma-separated; dns+http://NAME:PORT is every address "
+        help="render node base URLs, comma-separated; unix:/PATH is a node on that "
+        "Unix-domain socket (its --uds); dns+http://NAME:PORT is every address "
         "NAME resolves to, looked up again every --discovery-interval-s; `inline`: render in "
         "the door's own processes (one box; see --render-args) (default: $TANDEM_RENDER_URLS)",
     )
@@ -56,7 +57,8 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         type=_urls,
         default=_urls(env("TANDEM_GENERATE_URLS", "")) if env("TANDEM_GENERATE_URLS") else None,
         required=not env("TANDEM_GENERATE_URLS"),
-        help="generate node base URLs, comma-separated; dns+http://NAME:PORT is every address "
+        help="generate node base URLs, comma-separated; unix:/PATH is a node on that "
+        "Unix-domain socket (its --uds); dns+http://NAME:PORT is every address "
         "NAME resolves to (a Kubernetes headless Service), looked up again every "
         "--discovery-interval-s; a node gets no inference work unless it holds the fleet's "
         "weights (default: $TANDEM_GENERATE_URLS)",

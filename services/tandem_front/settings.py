@@ -22,14 +22,15 @@ class FrontSettings:
     """Everything the front door is configured with."""
 
     render_urls: tuple[str, ...]
-    """Base URLs of the render nodes (requests spread by pending count); an entry
+    """Base URLs of the render nodes (requests spread by pending count); ``unix:/PATH`` is a
+    node on that Unix-domain socket (``tandem_client.unix_nodes``); an entry
     ``dns+http://NAME:PORT`` stands for every address NAME resolves to (see
     ``tandem_client.discovery``)."""
 
     generate_urls: tuple[str, ...]
-    """Base URLs of the generate nodes (requests routed by first item hash); ``dns+http://``
-    entries as for ``render_urls``. A generate node found after the first is pending (no
-    inference work) until it reports the fleet's weight version."""
+    """Base URLs of the generate nodes (requests routed by first item hash); ``unix:`` and
+    ``dns+http://`` entries as for ``render_urls``. A generate node found after the first is
+    pending (no inference work) until it reports the fleet's weight version."""
 
     model: str
     """Model folder or hub name: its tokenizer detokenizes the OpenAI routes' answers."""

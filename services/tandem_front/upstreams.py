@@ -17,6 +17,7 @@ import httpx
 from tandem_client import fleet
 from tandem_client.discovery import DNS_PREFIX
 from tandem_client.fleet import NodeAnswer
+from tandem_client.unix_nodes import UNIX_PREFIX, node_client
 from tandem_http import MAX_BODY_HEADER
 
 from .metrics import FrontMetrics
@@ -64,7 +65,17 @@ class Upstreams:
         headers = {"accept-encoding": "identity"}
         if settings.upstream_api_key:
             headers["authorization"] = f"Bearer {settings.upstream_api_key}"
-        self.http = httpx.AsyncClient(
+        per_node = httpx.Limits(
+            max_connections=settings.max_connections_per_upstream,
+            max_keepalive_connections=settings.max_connections_per_upstream,
+            # Shorter than the nodes keep theirs (checked by FrontSettings): the door drops
+            # an idle connection before the node does, never the other way round.
+            keepalive_expiry=settings.upstream_keepalive_s,
+        )
+        fixed = [n.url for n in (*self.render, *self.generate)]
+        self.http = node_client(
+            fixed,
+            per_node,
             headers=headers,
             timeout=httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s),
             limits=httpx.Limits(
@@ -72,12 +83,9 @@ class Upstreams:
                 # (max_pending) bounds the requests in flight instead.
                 max_connections=None
                 if discovered
-                else settings.max_connections_per_upstream
-                * (len(self.render) + len(self.generate)),
-                max_keepalive_connections=settings.max_connections_per_upstream,
-                # Shorter than the nodes keep theirs (checked by FrontSettings): the door
-                # drops an idle connection before the node does, never the other way round.
-                keepalive_expiry=settings.upstream_keepalive_s,
+                else settings.max_connections_per_upstream * len(fixed),
+                max_keepalive_connections=per_node.max_keepalive_connections,
+                keepalive_expiry=per_node.keepalive_expiry,
             ),
             transport=transport,
             mounts=mounts,  # an in-process render (``inline_render``)
@@ -204,9 +212,17 @@ class Upstreams:
     async def _learn(self, response: httpx.Response) -> None:
         """Any answer from a node may tell its body cap (generate's /health does)."""
         told = response.headers.get(MAX_BODY_HEADER, "")
-        node = self._by_origin.get(_origin(str(response.request.url)))
+        node = self._node_of(response.request.url)
         if node is not None and told.isdigit():
             node.max_body_bytes = int(told)
+
+    def _node_of(self, url: httpx.URL) -> Node | None:
+        """The node a request went to: by its origin, or a unix: node by the socket path its
+        URL starts with (such URLs have no host to tell them apart)."""
+        if url.scheme != "unix":
+            return self._by_origin.get((url.scheme, url.host, url.port))
+        text = f"{url}/"
+        return next((n for n in self._by_origin.values() if text.startswith(f"{n.url}/")), None)
 
     async def generate_body_cap(self, declared: int) -> int:
         """The largest generate body taken: the largest cap a generate node told (asking
@@ -249,5 +265,7 @@ def _fixed(specs: Sequence[str]) -> list[str]:
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
+    if url.startswith(UNIX_PREFIX):
+        return "unix", url, None  # the URL itself: every socket's origin has the same host
     u = httpx.URL(url)
     return u.scheme, u.host, u.port
