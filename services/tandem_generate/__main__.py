@@ -12,6 +12,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.envs import enable_envs_cache
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+from tandem_client.unix_nodes import UNIX_PREFIX, unix_socket_path
 from tandem_http import (
     ADMIN_KEY_ENV,
     Drain,
@@ -38,6 +39,17 @@ DOOR_KEY_ENV = "TANDEM_DOOR_API_KEY"
 RENDER_KEY_ENV = "TANDEM_CONTENT_PARTS_RENDER_API_KEY"
 """Environment variable with the content-parts render node's key when no
 ``--content-parts-render-api-key`` is given."""
+
+
+def _render_url(text: str) -> str:
+    """A content-parts render URL: a malformed unix: one is refused here, before the engine
+    loads (tandem_client, which reaches it, is built after)."""
+    if text.startswith(UNIX_PREFIX):
+        try:
+            unix_socket_path(text.rstrip("/"))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, AsyncEngineArgs]:
@@ -175,9 +187,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     )
     ours.add_argument(
         RENDER_URL_FLAG,
+        type=_render_url,
         default=None,
         metavar="URL",
-        help="a render node's base URL (e.g. http://render:8100): requests with content_parts "
+        help="a render node's base URL (e.g. http://render:8100, or unix:/PATH for one on a "
+        "Unix-domain socket): requests with content_parts "
         "(raw image URLs and token ids carrying the model's placeholder token) are rendered "
         "there (/v1/completions/render; media fetched under its media policy) and generated "
         "from its token ids and features; without it such requests get 400",

@@ -130,7 +130,8 @@ class GenerateSettings:
     engine compiles per request. Larger is a 400."""
 
     content_parts_render_url: str | None = None
-    """The render node (its base URL) that resolves ``content_parts``: their media and the
+    """The render node (its base URL; ``unix:/PATH`` for one on a Unix-domain socket) that
+    resolves ``content_parts``: their media and the
     caller's token ids go to its ``/v1/completions/render``, and the request proceeds with the
     token ids and features it answers (``tandem_generate.content_parts``). None: requests with
     ``content_parts`` are refused (400 naming ``--content-parts-render-url``)."""

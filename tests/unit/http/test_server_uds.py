@@ -191,3 +191,8 @@ def test_generate_takes_the_uds_flag(qwen2_dir):
 
     assert parse_args(["--model", qwen2_dir, "--uds", "/run/t/g.sock"])[0].uds == "/run/t/g.sock"
     assert parse_args(["--model", qwen2_dir])[0].uds is None
+    render = "--content-parts-render-url"
+    ok = parse_args(["--model", qwen2_dir, render, "unix:/run/t/r.sock"])[0]
+    assert ok.content_parts_render_url == "unix:/run/t/r.sock"
+    with pytest.raises(SystemExit):  # before any engine is built
+        parse_args(["--model", qwen2_dir, render, "unix:r.sock"])
