@@ -355,11 +355,13 @@ class Checker:
         return last if since <= t - self.cfg.grace_s else None
 
     def nodes_serving(self) -> list[str]:
-        """No request reaches an unclean node, or one without the newest update's weights."""
+        """No request reaches an unclean node, or one without the newest update's weights.
+        A node is judged by what it last told before the request, unless an update finished
+        in between (it may have loaded that update since: its next telling judges it)."""
         out = []
         for t, node, rid in self.log.seen:
             state = self._state_before(node, t)
-            if state is None:
+            if state is None or self._finished_between(state.t, t):
                 continue
             if state.unclean is not None:
                 out.append(f"{rid} reached node {node} at {self.at(t)}: unclean ({state.unclean})")
@@ -371,6 +373,12 @@ class Checker:
                     f"update's weights (weights_id {state.weights_id})"
                 )
         return out
+
+    def _finished_between(self, t0: float, t1: float) -> bool:
+        return any(
+            u.finish_sent is not None and u.finish_sent <= t1 and (u.finish_done or t1) >= t0
+            for u in self.log.updates
+        )
 
     def once(self) -> list[str]:
         out = []

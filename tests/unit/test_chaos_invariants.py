@@ -172,3 +172,23 @@ def test_an_answer_frozen_across_two_updates_may_switch_weights_at_each():
     # Switching to B is allowed only while B's update finished during the answer.
     [stale] = violations(op(32, [2, 3, 7, 7], end=33), expected)
     assert "no known weights" in stale
+
+
+def test_a_node_told_before_an_update_finished_is_judged_by_what_it_tells_next():
+    # Node 2 came back from a restart on the checkpoint (fenced: no request reached it); #3
+    # finished on it at 30.1 and the door sent it a request at 30.3. What it told at 29.6
+    # says nothing of then.
+    log_updates = [*updates(), Update(3, A, finish_sent=30.0, finish_done=30.1, ok=True)]
+    log_updates[-1].held_ids = ["wa3"]
+
+    def violations(obs: list[Obs], at: float) -> list[str]:
+        log = Log(seed=0, updates=log_updates, obs=obs)
+        log.seen, log.end = [(at, 2, "chq0000011")], 100.0
+        return Checker(log, EXPECTED, CFG).all()
+
+    took_it = [Obs(t, 2, True, "w0") for t in (27.6, 28.6, 29.6)]
+    took_it += [Obs(t, 2, True, "wa3") for t in (30.6, 31.6, 32.6, 33.6)]
+    assert violations(took_it, 30.3) == []
+    missed_it = [Obs(t, 2, True, "w0") for t in (27.6, 28.6, 29.6, 30.6, 31.6, 32.6, 33.6)]
+    [behind] = violations(missed_it, 33.8)  # told after the finish: still the checkpoint
+    assert "did not hold the newest" in behind
