@@ -607,15 +607,12 @@ class Load:
     async def _responses(self, http: httpx.AsyncClient, op: Op, outcome: Outcome) -> None:
         # A background Response ends failed (code overloaded) when generate was full as its
         # run reached it: the caller learns it only then, and sends it again.
+        ended: dict[str, Any] = {}
         for _ in range(MAX_429_RETRIES):
-            response = await self._send(http, "/v1/responses", self.response(op))
-            if op.stream:
-                ended = await self._response_events(response, outcome)
-            else:
-                queued = await self._document(response, outcome)
-                ended = queued and await self._response_settled(http, queued["id"])
-            if not ended:
+            answer = await self._response_ended(http, op, outcome)
+            if answer is None:
                 return
+            ended = answer
             error = ended.get("error") or {}
             if ended["status"] != "failed" or error.get("code") != "overloaded":
                 break
@@ -629,12 +626,20 @@ class Load:
         (message,) = [o for o in ended["output"] if o["type"] == "message"]
         outcome.text = "".join(c["text"] for c in message["content"])
 
-    async def _response_settled(self, http: httpx.AsyncClient, rid: str) -> dict[str, Any]:
-        """The stored response once its run has ended (asked for every 0.2 s)."""
-        while True:
-            r = await http.get(f"{self.front}/v1/responses/{rid}")
+    async def _response_ended(
+        self, http: httpx.AsyncClient, op: Op, outcome: Outcome
+    ) -> dict[str, Any] | None:
+        """The op's Response once its run has ended, or None with the failure noted."""
+        response = await self._send(http, "/v1/responses", self.response(op))
+        if op.stream:
+            return await self._response_events(response, outcome)
+        queued = await self._document(response, outcome)
+        if queued is None:
+            return None
+        while True:  # asked for every 0.2 s
+            r = await http.get(f"{self.front}/v1/responses/{queued['id']}")
             r.raise_for_status()
-            answer = r.json()
+            answer: dict[str, Any] = r.json()
             if answer["status"] in RESPONSE_ENDS:
                 return answer
             await asyncio.sleep(0.2)
@@ -660,7 +665,8 @@ class Load:
         if last is None or last.get("response", {}).get("status") not in RESPONSE_ENDS:
             outcome.error = f"the background stream ended with {last}"[:300]
             return None
-        return last["response"]
+        ended: dict[str, Any] = last["response"]
+        return ended
 
     async def _document(self, response: httpx.Response, outcome: Outcome) -> Any:
         """The answer's JSON, or None with the failure noted."""
