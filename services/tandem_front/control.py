@@ -93,6 +93,7 @@ async def relay(
         answers = await fleet.ask_each(
             ask, nodes, route.method, path + query, bodies or [body] * len(nodes)
         )
+    fleet.learn_pausing(path, nodes, answers)
     if path == fleet.WEIGHT_INFO_PATH:
         upstreams.learn_versions(nodes, answers, asked_at)
         view = upstreams.view()

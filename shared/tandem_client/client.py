@@ -636,6 +636,7 @@ class AsyncTandemClient:
         nodes = fleet.taking_part(everyone, time.monotonic(), self.node_timeout_s)
         query = f"?{urlencode(params)}" if params else ""
         answers = await fleet.ask_each(self._ask, nodes, "POST", path + query)
+        fleet.learn_pausing(path, nodes, answers)
         for a in answers:
             if a.status == 0:
                 raise TransportError(f"{a.url}{path}: {a.body}")

@@ -84,6 +84,7 @@ __all__ = [
     "rendezvous_nodes",
     "send_chunk",
     "start_update",
+    "learn_pausing",
     "taking_part",
     "watch",
 ]
@@ -94,6 +95,8 @@ FINISH_PATH = "/finish_weight_update"
 ABORT_PATH = "/abort_weight_update"
 INIT_PATH = "/init_weight_transfer_engine"
 WEIGHT_INFO_PATH = "/weight_info"
+PAUSING = {"/pause": True, "/resume": False}
+"""The engine's pause routes, and whether a node that answered one 2xx is paused after it."""
 UPDATE_STEPS = (START_PATH, UPDATE_PATH, FINISH_PATH, ABORT_PATH)
 
 LOADING_PATHS = frozenset({UPDATE_PATH, FINISH_PATH, INIT_PATH})
@@ -316,6 +319,10 @@ def rendezvous_nodes(key: str, nodes: Sequence[N], view: FleetView, now: float) 
     there would wait until someone resumes it."""
     serving = [n for n in nodes if view.serves(n)]
     awake = [n for n in serving if not n.paused]
+    if all(n.down_until > now for n in awake):
+        # Every awake one refused lately (died since it last told): a paused one holds the
+        # request until its resume, where those would refuse it.
+        awake = []
     by_url = {n.url: n for n in awake or serving}
     order = [by_url[u] for u in rendezvous_order(key, list(by_url))]
     return sorted(order, key=lambda n: n.down_until > now)
@@ -495,6 +502,18 @@ class StepResult:
     @property
     def succeeded(self) -> list[Node]:
         return [n for n, a in zip(self.asked, self.answers, strict=True) if a.ok]
+
+
+def learn_pausing(path: str, nodes: Sequence[Node], answers: Sequence[NodeAnswer]) -> None:
+    """What a ``/pause`` or ``/resume`` (``path``, its query included) did to each node that
+    answered it 2xx, learnt now: until its next ``/weight_info`` the node would be judged by
+    what it told before (resumed nodes as paused, sending requests to one that missed it)."""
+    paused = PAUSING.get(path.split("?")[0])
+    if paused is None:
+        return
+    for node, answer in zip(nodes, answers, strict=True):
+        if answer.ok:
+            node.paused = paused
 
 
 def taking_part(nodes: Sequence[N], now: float, node_timeout_s: float) -> list[N]:

@@ -82,3 +82,30 @@ async def test_an_update_after_a_restart_outranks_a_node_that_was_away(tmp_path)
         b.generated.clear()
         await generate_many(c)
     assert b.generated == [] and {g.split(":")[0] for g in a.generated} == {"u4"}
+
+
+async def test_a_resume_wakes_its_nodes_at_once_not_at_the_next_poll():
+    # As at the door: C died, the pause and the resume reached A and B only, and a poll
+    # between told A and B paused. Until the next poll, C (awake when it last told) got
+    # every request, and refused it.
+    a, b, gone = GenNode("g1"), GenNode("g2"), GenNode("g3")
+    urls = ["http://g1", "http://g2", "http://g3"]
+    async with AsyncTandemClient(
+        "http://r",
+        urls,
+        transport=GenFleet(a, b, gone),
+        binary=False,
+        node_cooldown_s=0.0,
+        max_retries=0,
+        fence_poll_s=3600.0,
+    ) as c:
+        await c.weight_versions()
+        gone.down = True
+        with pytest.raises(TransportError):
+            await c.pause()
+        with pytest.raises(TransportError):
+            await c.weight_versions()  # A and B tell they are paused
+        with pytest.raises(TransportError):
+            await c.resume()
+        await generate_many(c)
+    assert a.generated and b.generated and gone.generated == []

@@ -141,6 +141,35 @@ async def test_a_node_that_missed_the_resume_gets_nothing_while_another_may_serv
         assert [n["paused"] for n in info["nodes"]] == [False, True]
 
 
+async def test_a_resume_wakes_its_nodes_at_once_not_at_the_next_poll():
+    # Seed 76 of the nemesis: C died; the pause and the resume reached A and B only. The door
+    # still judged A and B paused (its last poll said so) and C awake, so until its next
+    # poll every request went to C, and was answered 503 as C refused it.
+    a, b, c = GenNode("g1"), GenNode("g2"), GenNode("g3")
+    urls = ("http://g1", "http://g2", "http://g3")
+    async with app_client(door(GenFleet(a, b, c), urls=urls)) as client:
+        await client.get("/weight_info")
+        c.down = True
+        assert (await client.post("/pause?mode=keep")).status_code == 502  # C was away
+        await client.get("/weight_info")  # a poll between: A and B told they are paused
+        assert (await client.post("/resume")).status_code == 502
+        assert set(await generate_many(client)) == {200}
+        assert a.generated and b.generated
+
+
+async def test_while_paused_a_request_waits_on_a_paused_node_not_on_one_that_refuses():
+    # TRL's pause (keep) reached A and B; C died before it, awake when it last told. Its
+    # refusals cool it down: requests then wait on A or B for the resume, as on one vLLM.
+    a, b, c = GenNode("g1"), GenNode("g2"), GenNode("g3")
+    urls = ("http://g1", "http://g2", "http://g3")
+    async with app_client(door(GenFleet(a, b, c), urls=urls, node_cooldown_s=3600.0)) as client:
+        await client.get("/weight_info")
+        c.down = True
+        assert (await client.post("/pause?mode=keep")).status_code == 502
+        assert set(await generate_many(client)) == {200}
+        assert a.generated and b.generated and c.generated == []
+
+
 async def test_a_read_timeout_cools_the_node_down_as_a_refused_connection_does():
     a, b = GenNode("g1"), GenNode("g2")
     urls = ["http://g1", "http://g2"]
