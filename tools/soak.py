@@ -1010,9 +1010,11 @@ async def soak(
         for o in sample:
             alone = await replay(load, http, direct, render, generate, o.op)
             if o.op.kind == "responses":
-                # vLLM writes a Response's text from its tokens as it writes a chat's.
-                alone_text = load.tokenizer().decode(alone[0], skip_special_tokens=True)
-                if alone_text != o.text:
+                # vLLM writes a Response's text from its tokens as it writes a chat's: an
+                # unfinished UTF-8 sequence at the end (decoded alone as U+FFFD) is held back.
+                decoded = load.tokenizer().decode(alone[0], skip_special_tokens=True)
+                alone_text = decoded.rstrip("\ufffd")
+                if alone_text != (o.text or "").rstrip("\ufffd"):
                     mismatches.append(
                         f"op {o.op.index} (responses, stream={o.op.stream}): {o.text!r} under "
                         f"load, {alone_text!r} alone ({alone[0]})"
