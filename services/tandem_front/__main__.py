@@ -11,6 +11,7 @@ from tandem_http import (
     ADMIN_KEY_ENV,
     add_body_deadline_flags,
     add_send_deadline_flags,
+    add_uds_argument,
     keys_from_env,
     program_name,
     serve_settings,
@@ -106,13 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
         default=int(env("TANDEM_FRONT_PORT", "8000")),
         help="port to listen on (default: $TANDEM_FRONT_PORT, else 8000)",
     )
-    p.add_argument(
-        "--uds",
-        metavar="PATH",
-        help="listen on this Unix-domain socket instead of --host/--port, as vllm serve's --uds "
-        "(clients name the node unix:PATH); a socket file nothing listens on is replaced, "
-        "one a server listens on refused, and the file is removed on exit",
-    )
+    add_uds_argument(p)
     p.add_argument(
         "--workers",
         type=int,

@@ -20,6 +20,7 @@ from tandem_http import (
     DrainingServer,
     add_body_deadline_flags,
     add_send_deadline_flags,
+    add_uds_argument,
     keys_from_env,
     program_name,
     serve,
@@ -64,14 +65,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GenerateSettings, Asy
     )
     ours.add_argument("--host", default="127.0.0.1", help="address to listen on")
     ours.add_argument("--port", type=int, default=8200, help="port to listen on")
-    ours.add_argument(
-        "--uds",
-        metavar="PATH",
-        default=None,
-        help="listen on this Unix-domain socket instead of --host/--port, as vllm serve's --uds "
-        "(clients name the node unix:PATH); a socket file nothing listens on is replaced, "
-        "one a server listens on refused, and the file is removed on exit",
-    )
+    add_uds_argument(ours)
     ours.add_argument(
         "--api-key",
         nargs="+",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from tandem_http import (
     add_body_deadline_flags,
     add_send_deadline_flags,
+    add_uds_argument,
     program_name,
     serve_settings,
     settings_from_cli,
@@ -54,13 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
         default=int(env("TANDEM_RENDER_PORT", "8100")),
         help="port to listen on (default: $TANDEM_RENDER_PORT, else 8100)",
     )
-    p.add_argument(
-        "--uds",
-        metavar="PATH",
-        help="listen on this Unix-domain socket instead of --host/--port, as vllm serve's --uds "
-        "(clients name the node unix:PATH); a socket file nothing listens on is replaced, "
-        "one a server listens on refused, and the file is removed on exit",
-    )
+    add_uds_argument(p)
     p.add_argument(
         "--workers",
         type=int,

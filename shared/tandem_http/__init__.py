@@ -60,7 +60,7 @@ from .send import (
     TransportInScope,
     add_send_deadline_flags,
 )
-from .server import program_name, run_server, serve, usable_cores
+from .server import add_uds_argument, program_name, run_server, serve, usable_cores
 from .service_app import add_server_info_routes, models_response, service_app
 from .settings_json import (
     serve_settings,
@@ -123,6 +123,7 @@ __all__ = [
     "metrics_registry",
     "metrics_response",
     "add_server_info_routes",
+    "add_uds_argument",
     "models_response",
     "negotiate",
     "prepare_multiprocess_dir",

@@ -25,11 +25,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from .draining import DRAIN_GRACE_S, Drain, DrainingConfig, DrainingServer
 from .metrics import MULTIPROC_ENV, mark_process_dead, prepare_multiprocess_dir
 
-__all__ = ["program_name", "run_server", "serve", "unix_socket", "usable_cores"]
+__all__ = [
+    "add_uds_argument",
+    "program_name",
+    "run_server",
+    "serve",
+    "unix_socket",
+    "usable_cores",
+]
 
 log = logging.getLogger("tandem")
 
@@ -70,6 +78,18 @@ class WorkersFailing(RuntimeError):
 
 class SocketPathUnusable(RuntimeError):
     """The ``--uds`` path cannot be listened on (a server listens there, or it is no socket)."""
+
+
+def add_uds_argument(parser: Any) -> None:
+    """Every service's ``--uds PATH`` (an argparse parser or argument group)."""
+    parser.add_argument(
+        "--uds",
+        metavar="PATH",
+        default=None,
+        help="listen on this Unix-domain socket instead of --host/--port, as vllm serve's --uds "
+        "(clients name the node unix:PATH); a socket file nothing listens on is replaced, "
+        "one a server listens on refused, and the file is removed on exit",
+    )
 
 
 @contextmanager

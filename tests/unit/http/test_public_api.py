@@ -67,6 +67,7 @@ def test_public_api_is_pinned() -> None:
             "metrics_registry",
             "metrics_response",
             "add_server_info_routes",
+            "add_uds_argument",
             "models_response",
             "negotiate",
             "prepare_multiprocess_dir",
