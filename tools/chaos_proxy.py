@@ -33,6 +33,9 @@ _TAIL = 96
 """Bytes of the previous read kept, so that a marker or request line split across reads is
 still found."""
 _READ = 65536
+_PENDING_S = 0.05
+"""How long a connection whose node side closed stays open to the caller: the loop reads what
+the caller had sent meanwhile (recorded) before the reset."""
 
 
 @dataclass
@@ -105,13 +108,19 @@ class FaultProxy:
         self._cut.clear()
 
     def node_down(self) -> None:
-        """The node was killed: refuse connections now, until its port accepts again."""
+        """The node was killed: refuse connections now, until its port accepts again, and
+        close the open ones as its kernel does."""
         if self._server is not None:
             # At once, not when the probe first runs: a connection accepted meanwhile would
             # be reset, where a dead node's port refuses it (and the caller tries another).
             self._server.close()
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self._until_node_accepts())
+        # Now, not when the node's side of each closes: a big process's sockets close only
+        # once its memory is released, and a caller reusing a kept-alive connection until then
+        # loses its request where, without the proxy, it would have found the connection closed.
+        for conn in list(self._open.values()):
+            asyncio.ensure_future(self._node_side_closed(conn))
 
     # -- forwarding -----------------------------------------------------------------------
 
@@ -204,6 +213,8 @@ class FaultProxy:
             while not conn.dead:
                 data = await src.read(_READ)
                 if not data:
+                    if not toward_node:
+                        await self._node_side_closed(conn)
                     break
                 if toward_node:  # recorded as read: it was sent to this node, held or not
                     scan = tail + data
@@ -227,6 +238,14 @@ class FaultProxy:
             pass
         finally:
             _reset(conn)
+
+    async def _node_side_closed(self, conn: _Conn) -> None:
+        """The node closed its side (or died): what the caller sent before is read, and so
+        recorded as sent to this node, before both sides are reset (without the beat the reset
+        could drop those bytes unread, and the caller's failed request would count against a
+        node that never saw it)."""
+        await asyncio.sleep(_PENDING_S)
+        _reset(conn)
 
     async def _pass(self, conn: _Conn) -> None:
         if not self._flowing.is_set():

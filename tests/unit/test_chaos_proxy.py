@@ -18,6 +18,7 @@ class Node:
 
     def __init__(self) -> None:
         self.received: list[bytes] = []
+        self.connections: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -32,7 +33,13 @@ class Node:
         self.server.close()
         await self.server.wait_closed()
 
+    def close_connections(self) -> None:
+        """Its kernel closes what it holds open (a killed process's, once its memory is freed)."""
+        for writer in self.connections:
+            writer.transport.abort()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections.append(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -149,3 +156,41 @@ async def test_a_request_sent_as_its_node_died_is_recorded_as_reaching_it(pair):
     assert [rid for _, rid in proxy.seen] == ["chq0000042"]
     with pytest.raises(ConnectionRefusedError):  # and the proxy now refuses, as the node
         await asyncio.open_connection("127.0.0.1", proxy.port)
+
+
+async def kept_alive(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that has carried one answered request and stays open, as a pool keeps it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request("/health", b""))
+    assert (await reader.readexactly(40)).endswith(b"ok")
+    return reader, writer
+
+
+async def test_a_killed_nodes_kept_alive_connections_close_when_it_is_killed(pair):
+    # A big process's sockets close only when its memory is freed; the caller reusing a kept
+    # connection meanwhile must find it closed, as without the proxy, not lose its request.
+    node, proxy = pair
+    reader, writer = await kept_alive(proxy.port)
+    await node.stop()  # dying: no longer accepting, its open connections not yet closed
+    proxy.node_down()
+    try:
+        assert await asyncio.wait_for(reader.read(100), 2.0) == b""
+    except ConnectionResetError:
+        pass
+    finally:
+        writer.close()
+
+
+async def test_a_request_sent_as_its_node_closed_the_connection_is_recorded_as_reaching_it(pair):
+    node, proxy = pair
+    reader, writer = await kept_alive(proxy.port)
+    node.close_connections()
+    await asyncio.sleep(0.01)  # the proxy has read the node's side closing
+    writer.write(request("/inference/v1/generate", b'{"id":"chq0000043"}'))
+    try:
+        assert await asyncio.wait_for(reader.read(100), 2.0) == b""
+    except ConnectionResetError:
+        pass
+    finally:
+        writer.close()
+    assert [rid for _, rid in proxy.seen] == ["chq0000043"]
