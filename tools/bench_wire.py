@@ -462,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--codec-reps", type=int, default=15, help="runs per content coding")
     parser.add_argument(
-        "--parts", default="codec,coding", help="codec (throughput), coding (zstd vs lz4)"
+        "--parts",
+        default="codec,coding,hostile",
+        help="codec (throughput), coding (zstd vs lz4), hostile (crafted zstd bodies)",
     )
     parser.add_argument("--json", help="also write the content-coding rows here")
     args = parser.parse_args(argv)
@@ -477,7 +479,30 @@ def main(argv: list[str] | None = None) -> int:
         print_codecs(rows)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
+    if "hostile" in parts:
+        hostile_bodies()
     return 0
+
+
+def hostile_bodies(length: int = 32 * 1024 * 1024, cap: int = 8 * 1024 * 1024) -> None:
+    """CPU to answer each crafted zstd body (``tests.support.zstd_bodies``) of ``length`` bytes
+    under a ``cap``-byte limit: libzstd walks their blocks and frames (a walk of the block
+    headers in Python took 3-6 s a body)."""
+    from tandem_wire import ZSTD, MalformedBody, PayloadTooLarge, decode_body
+    from tests.support.zstd_bodies import CRAFTED
+
+    def answer(body: bytes) -> str:
+        try:
+            return f"{len(decode_body(body, ZSTD, cap))} bytes"
+        except (MalformedBody, PayloadTooLarge) as exc:
+            return exc.type
+
+    print(f"\ncrafted zstd bodies of {length >> 20} MiB, cap {cap >> 20} MiB (CPU per body)\n")
+    print("| body | answer | ms |\n| --- | --- | ---: |")
+    for name, build in sorted(CRAFTED.items()):
+        body = build(length)
+        ms, got = cpu_ms(lambda body=body: answer(body), 5)
+        print(f"| {name} | {got} | {ms:.1f} |")
 
 
 def throughput(model: str, reps: int) -> None:
