@@ -68,8 +68,14 @@ format: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
+# Two sessions, unit then integration, both run whichever fails (a -k that selects nothing in
+# one, pytest's exit 5, is no failure): the integration suite's shared fleet then never idles
+# beside the unit suite, whose own engines have stopped before the fleet starts.
 test: lint docs
-	$(PY) -m pytest $(PYTEST_ARGS)
+	status=0; \
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
+	exit $$status
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -17,8 +17,8 @@ from tools.tiny_models import ensure_model
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules that start engines of their own (``own_fleet``) run first: the session's shared
-    fleet (three engines) and the unit tests' engine live until the session ends, and a second
-    fleet beside them would not fit this machine's memory (24 GiB)."""
+    fleet (three engines) lives until the session ends, and a second fleet beside it would not
+    fit this machine's memory (24 GiB)."""
     items.sort(key=lambda item: item.get_closest_marker("own_fleet") is None)
 
 

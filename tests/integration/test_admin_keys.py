@@ -53,14 +53,14 @@ def keyed_fleet(tmp_path_factory):
     weights = str(tmp_path_factory.mktemp("weights"))
     keys = ("--api-key", NODE_KEY, "--admin-api-key", NODE_ADMIN)
     procs = [tandem_render(model), *(tandem_generate(model, weights, *keys) for _ in (1, 2))]
-    with serving(procs, timeout=300):
-        urls = [p.url for p in procs[1:]]
-        door_keys = ("--api-key", DOOR_KEY, "--admin-api-key", DOOR_ADMIN)
-        upstream = ("--upstream-api-key", NODE_KEY, "--upstream-admin-api-key", NODE_ADMIN)
-        # The render node has no key: the door's upstream key is the generate nodes'.
-        with tandem_front(model, procs[0].url, urls, *door_keys, *upstream) as door:
-            door.wait_healthy(timeout=120)
-            yield door.url, urls
+    urls = [p.url for p in procs[1:]]
+    door_keys = ("--api-key", DOOR_KEY, "--admin-api-key", DOOR_ADMIN)
+    upstream = ("--upstream-api-key", NODE_KEY, "--upstream-admin-api-key", NODE_ADMIN)
+    # The render node has no key: the door's upstream key is the generate nodes'. The door
+    # starts with the nodes: its /health answers once theirs do.
+    door = tandem_front(model, procs[0].url, urls, *door_keys, *upstream)
+    with serving([*procs, door], timeout=300):
+        yield door.url, urls
 
 
 def node_state(url: str) -> tuple[bool, str]:

@@ -55,14 +55,14 @@ def _fleet(model_root: Any, flags: tuple[str, ...]) -> Any:
 
     model = str(parser_model(model_root))
     procs = [upstream_serve(model, *flags), tandem_render(model, *flags), tandem_generate(model)]
-    with serving(procs, timeout=300):
-        with tandem_front(model, procs[1].url, procs[2].url, *flags) as door:
-            door.wait_healthy(timeout=120)
-            clients = [
-                openai.OpenAI(base_url=p.url + "/v1", api_key="none", max_retries=0, timeout=120)
-                for p in (procs[0], door)
-            ]
-            yield model, clients[0], clients[1]
+    # The door starts with the rest: its /health answers once render's and generate's do.
+    door = tandem_front(model, procs[1].url, procs[2].url, *flags)
+    with serving([*procs, door], timeout=300):
+        clients = [
+            openai.OpenAI(base_url=p.url + "/v1", api_key="none", max_retries=0, timeout=120)
+            for p in (procs[0], door)
+        ]
+        yield model, clients[0], clients[1]
 
 
 @pytest.fixture(scope="class")

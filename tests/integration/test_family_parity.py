@@ -172,12 +172,12 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair(reference: Reference) -> Iterator[Pair]:
     """Our generate and a door rendering inline, for the family ``reference`` answered (its
-    engine gone)."""
+    engine gone). Both start at once: the door's imports run while the engine starts, and its
+    /health answers once generate's does."""
     generate = tandem_generate(reference.model_dir)
-    with serving([generate], timeout=300):
-        with tandem_front(reference.model_dir, "inline", generate.url) as door:
-            door.wait_healthy(timeout=120)
-            yield Pair(generate.url, door.url)
+    door = tandem_front(reference.model_dir, "inline", generate.url)
+    with serving([generate, door], timeout=300):
+        yield Pair(generate.url, door.url)
 
 
 def _case(reference: Reference, case: str) -> None:

@@ -59,11 +59,11 @@ def nccl_fleet(tmp_path_factory):
     model = str(ensure_model("qwen2-vl"))
     spies = [tmp_path_factory.mktemp("spy") / f"g{i}.jsonl" for i in (1, 2)]
     procs = [tandem_render(model), *(nccl_generate(model, s) for s in spies)]
-    with serving(procs, timeout=300):
-        urls = [p.url for p in procs[1:]]
-        with tandem_front(model, procs[0].url, urls, "--enable-control-routes") as door:
-            door.wait_healthy(timeout=120)
-            yield door.url, urls, spies
+    urls = [p.url for p in procs[1:]]
+    # The door starts with the nodes: its /health answers once theirs do.
+    door = tandem_front(model, procs[0].url, urls, "--enable-control-routes")
+    with serving([*procs, door], timeout=300):
+        yield door.url, urls, spies
 
 
 def test_trls_weight_sync_through_the_door_puts_each_worker_on_its_own_rank(

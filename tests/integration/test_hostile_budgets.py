@@ -71,10 +71,10 @@ def tiers() -> Iterator[dict[str, ServerProcess]]:
         "127.0.0.1",
     )
     generate = tandem_generate(model, None, *LIMITS)
-    with serving([render, generate], timeout=600):
-        door = tandem_front(model, render.url, generate.url, *LIMITS)
-        with serving([door], timeout=300):
-            yield {"render": render, "generate": generate, "door": door}
+    # The door starts with the rest: its /health answers once render's and generate's do.
+    door = tandem_front(model, render.url, generate.url, *LIMITS)
+    with serving([render, generate, door], timeout=600):
+        yield {"render": render, "generate": generate, "door": door}
 
 
 def normal(tiers: dict[str, ServerProcess], name: str) -> tuple[str, dict]:
