@@ -507,14 +507,20 @@ class Stack:
         self.retired: list[ServerProcess] = []
 
     def start_nodes(self) -> None:
+        """Render and the generate nodes, started (``wait_healthy`` waits for them)."""
         self.render = tandem_render(self.model, workers=1)
         self.nodes = [
             tandem_generate(self.model, self.weight_dir, *GENERATE_OPTIONS) for _ in range(NODES)
         ]
-        for server in (self.render, *self.nodes):
+
+    def wait_healthy(self) -> None:
+        """Every server started answers /health (the door's once render's and a node's do)."""
+        for server in self.servers().values():
             server.wait_healthy(timeout=600)
 
     def start_door(self, generate_urls: list[str]) -> None:
+        """The door over ``generate_urls``, started with the nodes: its imports overlap their
+        start-up."""
         assert self.render is not None  # start_nodes ran
         c = self.cfg
         self.door = tandem_front(
@@ -527,7 +533,6 @@ class Stack:
             *("--read-timeout-s", str(c.read_timeout_s)),
             workers=1,
         )
-        self.door.wait_healthy(timeout=300)
 
     def restart(self, i: int) -> ServerProcess:
         """Node ``i`` again, after it was killed (same command and port)."""
@@ -1146,11 +1151,12 @@ async def chaos(cfg: ChaosConfig, model: str | None = None) -> Report:
     stack = Stack(cfg, model or str(ensure_model("qwen2-vl")))
     proxies: list[FaultProxy] = []
     try:
-        await asyncio.to_thread(stack.start_nodes)
+        stack.start_nodes()
         for i, node in enumerate(stack.nodes):
             proxies.append(FaultProxy(f"generate{i}", node.port))
             await proxies[-1].start()
-        await asyncio.to_thread(stack.start_door, [p.url for p in proxies])
+        stack.start_door([p.url for p in proxies])
+        await asyncio.to_thread(stack.wait_healthy)
         run = Run(cfg, stack, proxies)
         await run.prepare()
         await run.go()

@@ -111,9 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             f"starting render on {render.url} and generate on "
             f"{', '.join(g.url for g in generates)} ({model})"
         )
-        render.wait_healthy(timeout=300)
-        for generate in generates:
-            generate.wait_healthy(timeout=600)
+        # The door starts with them (its imports overlap their start-up); its /health answers
+        # once render's and generate's do.
         front = ServerProcess(
             "front",
             python_module(
@@ -133,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             ),
             args.front_port,
         )
+        render.wait_healthy(timeout=300)
+        for generate in generates:
+            generate.wait_healthy(timeout=600)
         front.wait_healthy(timeout=120)
         print(f"front door on {front.url}; running the examples against it", flush=True)
         examples = [
