@@ -65,6 +65,8 @@ class FaultProxy:
         self._open: dict[int, _Conn] = {}
         self._server: asyncio.Server | None = None
         self._probe: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        """Resets under way after a node's death (held here: the loop keeps only weak ones)."""
 
     @property
     def url(self) -> str:
@@ -120,7 +122,9 @@ class FaultProxy:
         # once its memory is released, and a caller reusing a kept-alive connection until then
         # loses its request where, without the proxy, it would have found the connection closed.
         for conn in list(self._open.values()):
-            asyncio.ensure_future(self._node_side_closed(conn))
+            task = asyncio.ensure_future(self._node_side_closed(conn))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     # -- forwarding -----------------------------------------------------------------------
 

@@ -166,6 +166,16 @@ async def kept_alive(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWri
     return reader, writer
 
 
+async def assert_closed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The proxy closes the connection (an end or a reset) without an answer."""
+    try:
+        assert await asyncio.wait_for(reader.read(100), 2.0) == b""
+    except ConnectionResetError:
+        pass
+    finally:
+        writer.close()
+
+
 async def test_a_killed_nodes_kept_alive_connections_close_when_it_is_killed(pair):
     # A big process's sockets close only when its memory is freed; the caller reusing a kept
     # connection meanwhile must find it closed, as without the proxy, not lose its request.
@@ -173,12 +183,7 @@ async def test_a_killed_nodes_kept_alive_connections_close_when_it_is_killed(pai
     reader, writer = await kept_alive(proxy.port)
     await node.stop()  # dying: no longer accepting, its open connections not yet closed
     proxy.node_down()
-    try:
-        assert await asyncio.wait_for(reader.read(100), 2.0) == b""
-    except ConnectionResetError:
-        pass
-    finally:
-        writer.close()
+    await assert_closed(reader, writer)
 
 
 async def test_a_request_sent_as_its_node_closed_the_connection_is_recorded_as_reaching_it(pair):
@@ -187,10 +192,5 @@ async def test_a_request_sent_as_its_node_closed_the_connection_is_recorded_as_r
     node.close_connections()
     await asyncio.sleep(0.01)  # the proxy has read the node's side closing
     writer.write(request("/inference/v1/generate", b'{"id":"chq0000043"}'))
-    try:
-        assert await asyncio.wait_for(reader.read(100), 2.0) == b""
-    except ConnectionResetError:
-        pass
-    finally:
-        writer.close()
+    await assert_closed(reader, writer)
     assert [rid for _, rid in proxy.seen] == ["chq0000043"]
