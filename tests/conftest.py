@@ -24,6 +24,12 @@ os.environ.setdefault("TANDEM_MODEL_CACHE", str(ROOT / ".cache" / "models"))
 # process of its own, so an engine's death is still a process dying). `make run`, the soak
 # and the chaos run keep the CPU build's own layout.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# One OpenMP thread per engine. The CPU build's threads spin at each of a forward pass's
+# hundreds of barriers, and every test runs an engine beside other busy processes (the test's
+# own client and server, a second node, vllm serve): with one core taken, a two-thread engine
+# ran the tiny model 3.4x slower and burnt 3x the CPU of a one-thread engine, which the busy
+# core left untouched. Alone, two threads won only 25% on the tiny model.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
