@@ -13,6 +13,9 @@ export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 export TANDEM_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 PYTEST_ARGS ?=
+# pytest-xdist workers for the unit suite: each starts its own in-process engine (~3 GiB).
+UNIT_WORKERS ?= 2
+UNIT_PYTEST := $(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --dist loadscope
 BENCH_ARGS ?=
 
 MODEL ?=
@@ -70,15 +73,17 @@ docs: setup
 
 # Two sessions, unit then integration, both run whichever fails (a -k that selects nothing in
 # one, pytest's exit 5, is no failure): the integration suite's shared fleet then never idles
-# beside the unit suite, whose own engines have stopped before the fleet starts.
+# beside the unit suite, whose own engines have stopped before the fleet starts. The unit suite
+# runs on UNIT_WORKERS workers, a module's tests on one (its engine and fixtures are shared):
+# alone it keeps one core busy, the integration suite's processes keep both.
 test: lint docs
 	status=0; \
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
+	$(UNIT_PYTEST) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
 	exit $$status
 
 test-unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(UNIT_PYTEST) $(PYTEST_ARGS)
 
 # The fuzz suites' long form (CI runs 150 mutants per route and 10 schema examples per operation
 # and mode inside `make test`).
