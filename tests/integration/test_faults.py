@@ -211,7 +211,7 @@ def test_generate_restarted_with_requests_in_flight(fleet_servers, own_generate)
 
         with (
             TandemClient(
-                render, own_generate.proc.url, model=model, max_retries=10, backoff_s=1.0
+                render, own_generate.proc.url, model=model, max_retries=20, backoff_s=1.0
             ) as b,
             ThreadPoolExecutor(2) as pool,
         ):

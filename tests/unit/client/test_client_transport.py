@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
@@ -78,6 +79,7 @@ def client_with(handler, *, tells_weights: bool = False, **kwargs) -> AsyncTande
     """A client over ``handler``; the nodes' ``/weight_info`` (asked before the first request,
     and every ``fence_poll_s``) answers 404, as a node without it, unless ``tells_weights``."""
     kwargs.setdefault("binary", False)
+    kwargs.setdefault("backoff_s", 0.001)
 
     def nodes(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/weight_info" and not tells_weights:
@@ -88,7 +90,6 @@ def client_with(handler, *, tells_weights: bool = False, **kwargs) -> AsyncTande
         "http://render",
         kwargs.pop("generate_urls", "http://gen"),
         transport=httpx.MockTransport(nodes),
-        backoff_s=0.001,
         **kwargs,
     )
 
@@ -162,6 +163,34 @@ async def test_retries_are_bounded():
         with pytest.raises(ServerError):
             await c.generate(GenerateRequest(token_ids=[1]))
     assert len(calls) == 3
+
+
+class _RecordedSleeps:
+    """The client module's ``asyncio``, whose ``sleep`` records the wait and returns at once."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __getattr__(self, name: str):
+        return getattr(asyncio, name)
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+async def test_backoff_doubles_and_no_wait_passes_30_s(monkeypatch):
+    import tandem_client.client as client_module
+
+    sleeps = _RecordedSleeps()
+    monkeypatch.setattr(client_module, "asyncio", sleeps)
+    async with client_with(lambda r: error(429, "overloaded"), max_retries=12, backoff_s=1.0) as c:
+        with pytest.raises(OverloadedError):
+            await c.generate(GenerateRequest(token_ids=[1]))
+    assert len(sleeps.waits) == 12
+    # Each wait is 0.5-1.5x its doubling: the first about a second, the later ones held at 30 s
+    # (the twelfth unbounded would be 17-51 minutes).
+    assert 0.5 <= sleeps.waits[0] <= 1.5 and 1.0 <= sleeps.waits[1] <= 3.0
+    assert max(sleeps.waits) == 30.0 and sleeps.waits[-3:] == [30.0] * 3
 
 
 async def test_connection_errors_are_retried_then_raise_transport_error():
