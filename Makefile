@@ -13,7 +13,8 @@ export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 export TANDEM_MODEL_CACHE ?= $(CURDIR)/.cache/models
 
 PYTEST_ARGS ?=
-# pytest-xdist workers for the unit suite: each starts its own in-process engine (~3 GiB).
+# pytest-xdist workers for the unit suite: each starts its own session engine, so more workers
+# cost memory as well as cores.
 UNIT_WORKERS ?= 2
 UNIT_PYTEST := $(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --dist loadscope
 BENCH_ARGS ?=
