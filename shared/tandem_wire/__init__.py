@@ -4,7 +4,7 @@ the ``error_types`` every error body's ``type`` is one of).
 Imports neither vLLM nor a web framework, so a trainer can install the client without them.
 """
 
-from . import control, error_types
+from . import control, error_types, streams
 from .codec import (
     RAW_TENSOR_EXT,
     b64decode_item_bytes,
@@ -57,6 +57,7 @@ from .errors import (
     InvalidTensorData,
     MalformedBase64,
     MalformedBody,
+    MalformedFrame,
     NestingTooDeep,
     PayloadTooLarge,
     ShapeMismatch,
@@ -142,6 +143,7 @@ __all__ = [
     "MSGPACK_CONTENT_TYPE",
     "MalformedBase64",
     "MalformedBody",
+    "MalformedFrame",
     "MultiModalFeatures",
     "NestedTensors",
     "NestingTooDeep",
@@ -195,6 +197,7 @@ __all__ = [
     "encode_safetensors",
     "control",
     "error_types",
+    "streams",
     "format_for_accept",
     "format_of_content_type",
     "new_request_id",

@@ -50,6 +50,9 @@ generate) sent to a server started without ``--enable-mm-embeds``."""
 # Wire decoding (tandem_wire.WireError); a few also use INVALID_REQUEST / PAYLOAD_TOO_LARGE.
 MALFORMED_BODY = "malformed_body"
 """400: the body is not well-formed JSON or msgpack."""
+MALFORMED_STREAM_FRAME = "malformed_stream_frame"
+"""400: a frame of generate's binary stream that is cut short, of an unknown kind, or whose
+payload is not the msgpack document its kind says."""
 MALFORMED_BASE64 = "malformed_base64"
 """400: a base64 string is not valid base64."""
 UNSUPPORTED_EXT_TYPE = "unsupported_ext_type"

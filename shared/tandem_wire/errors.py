@@ -12,6 +12,7 @@ __all__ = [
     "WireError",
     "MalformedBody",
     "MalformedBase64",
+    "MalformedFrame",
     "InvalidDocument",
     "UnsupportedExtType",
     "UnsupportedDtype",
@@ -65,6 +66,13 @@ class MalformedBody(WireError):
     """The body is not well-formed JSON or msgpack."""
 
     type = error_types.MALFORMED_BODY
+
+
+class MalformedFrame(WireError):
+    """A frame of generate's binary stream (``tandem_wire.streams``) that is cut short, of an
+    unknown kind, past its stream's end, or whose payload does not decode as its kind says."""
+
+    type = error_types.MALFORMED_STREAM_FRAME
 
 
 class MalformedBase64(WireError):

@@ -9,6 +9,7 @@ mode, ``bytes``-like in binary mode.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
@@ -38,6 +39,8 @@ __all__ = [
     "GenerateTextStreamResponse",
     "ErrorInfo",
     "ErrorBody",
+    "StreamFrameKind",
+    "STREAM_FRAME_HEADER_BYTES",
     "new_request_id",
 ]
 
@@ -438,3 +441,24 @@ class ErrorBody(Struct):
 
     error: ErrorInfo
     """The error."""
+
+
+class StreamFrameKind(enum.IntEnum):
+    """What a frame of generate's binary stream carries (its first byte; see
+    ``tandem_wire.streams`` for the layout and the media type that asks for it)."""
+
+    EVENT = 1
+    """One stream chunk: the document an SSE ``data:`` line carries (a
+    ``GenerateStreamResponse``, or its text variant), as one msgpack map."""
+
+    ERROR = 2
+    """An ``ErrorBody`` as a msgpack map: the request failed mid-stream. The stream's last
+    frame (no ``END`` follows)."""
+
+    END = 3
+    """The stream ended whole (SSE's ``data: [DONE]``); no payload. The stream's last frame."""
+
+
+STREAM_FRAME_HEADER_BYTES = 5
+"""A frame's header: its kind (one byte, a ``StreamFrameKind``), then its payload's length in
+bytes (unsigned 32-bit, big-endian). The payload follows."""

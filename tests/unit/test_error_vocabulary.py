@@ -27,6 +27,7 @@ CONSTANTS = {
 EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     # tandem_wire (the codec) and tandem_http's body limit
     wire.MalformedBody: tc.BadRequestError,
+    wire.MalformedFrame: tc.BadRequestError,
     wire.MalformedBase64: tc.BadRequestError,
     wire.InvalidDocument: tc.BadRequestError,
     wire.UnsupportedExtType: tc.BadRequestError,
