@@ -37,6 +37,7 @@ from tandem_wire import (
     WIRE_TRANSFORMS_HEADER,
     GenerateRequest,
     GenerateResponse,
+    GenerateStreamResponse,
     WireError,
     WireFormat,
     decode_document,
@@ -45,6 +46,14 @@ from tandem_wire import (
     msgpack_fields,
     msgpack_pieces_with,
     new_request_id,
+)
+from tandem_wire.streams import (
+    STREAM_CONTENT_TYPE,
+    FrameReader,
+    StreamFrameKind,
+    decode_error,
+    decode_event,
+    is_stream_frames,
 )
 
 from .errors import UpstreamError, UpstreamRefused
@@ -67,11 +76,19 @@ __all__ = [
     "Plan",
     "RenderProbe",
     "ResponsesHops",
+    "StreamEvent",
     "Written",
     "anthropic_error",
 ]
 
 _MSGPACK = WireFormat.MSGPACK.content_type
+# What the door accepts of a streamed generate answer: the binary stream, and msgpack for a
+# refusal. A node that does not know the binary stream (upstream's) answers SSE, read as such.
+_STREAM_ACCEPT = f"{STREAM_CONTENT_TYPE}, {_MSGPACK}"
+
+StreamEvent = GenerateStreamResponse | dict[str, Any]
+"""One event of generate's stream: decoded from the binary stream, or an SSE event's JSON
+object (from a node that answers SSE)."""
 
 
 class Plan(Protocol):
@@ -100,7 +117,7 @@ class Plan(Protocol):
         rid: str,
         model: str,
         gens: list[GenerateRequest[Any]],
-        events: AsyncIterator[tuple[int, dict[str, Any]]],
+        events: AsyncIterator[tuple[int, StreamEvent]],
     ) -> AsyncIterator[bytes]:
         """The SSE events (``data: ...``, without ``[DONE]``) for generate's stream events,
         each with its prompt's index; a failure of ``events`` is raised."""
@@ -123,7 +140,7 @@ class ResponsesHops(Protocol):
         """The rendered prompt generated with ``sampling``, answered whole."""
         ...
 
-    def events(self, request_id: str, sampling: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def events(self, request_id: str, sampling: dict[str, Any]) -> AsyncIterator[StreamEvent]:
         """The rendered prompt generated with ``sampling``: generate's stream events."""
         ...
 
@@ -510,6 +527,8 @@ class OpenAIService:
         if slot is not None:
             slot.take(body.copied)  # its own pieces, held until a node has it
         headers = {**self._headers(request, _MSGPACK), **relay.headers}
+        if relay.gen.stream:
+            headers["accept"] = _STREAM_ACCEPT
         headers["content-length"] = str(body.length)
         try:
             node, response = await self.forwarder.open(
@@ -600,14 +619,16 @@ class OpenAIService:
 
     async def _prompt_events(
         self, p: int, node: Node, response: httpx.Response
-    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    ) -> AsyncIterator[tuple[int, StreamEvent]]:
         """One prompt's generate events, each with the prompt's index."""
+        framed = is_stream_frames(response.headers.get("content-type"))
+        events = _frame_events(response) if framed else _events(response)
         try:
-            async for event in _events(response):
+            async for event in events:
                 yield p, event
         except httpx.HTTPError as exc:
             raise self.forwarder.failure(exc, node) from None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):  # a WireError (a malformed frame) too
             raise UpstreamError(f"{node.url} sent an unreadable stream event") from None
         finally:
             await self.forwarder.close(node, response)
@@ -630,6 +651,63 @@ async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         if "error" in event:
             raise UpstreamError(f"generate failed mid-stream: {str(event['error'])[:200]}")
         yield event
+
+
+async def _frame_events(response: httpx.Response) -> AsyncIterator[GenerateStreamResponse]:
+    """Generate's binary stream, decoded straight into its structs (no JSON on the way). The
+    events that arrive together (the door was reading behind generate) are coalesced into one,
+    as vLLM's output collector merges the outputs its reader has not taken yet: the same
+    tokens, logprobs and finish reasons, in fewer chunks through vLLM's serving code."""
+    reader = FrameReader()
+    async for data in response.aiter_bytes():
+        pending: GenerateStreamResponse | None = None
+        for kind, payload in reader.feed(data):
+            if kind is StreamFrameKind.EVENT:
+                event = decode_event(payload, GenerateStreamResponse)
+                if pending is not None and _coalesce(pending, event):
+                    continue
+                if pending is not None:
+                    yield pending
+                pending = event
+            elif kind is StreamFrameKind.ERROR:
+                if pending is not None:
+                    yield pending
+                    pending = None
+                error = msgspec.to_builtins(decode_error(payload).error)
+                raise UpstreamError(f"generate failed mid-stream: {str(error)[:200]}")
+        if pending is not None:
+            yield pending
+    reader.finish()
+
+
+def _coalesce(into: GenerateStreamResponse, event: GenerateStreamResponse) -> bool:
+    """``event``'s tokens appended to ``into``'s, sample by sample, as vLLM's
+    ``RequestOutput.add`` merges deltas; False (nothing changed) when they cannot be: a usage
+    or prompt chunk, a sample that already finished, logprobs on one side only."""
+    if into.usage is not None or event.usage is not None or event.prompt_token_ids is not None:
+        return False
+    if event.mm_placeholders is not None or not event.choices or not into.choices:
+        return False
+    held = {c.index: c for c in into.choices}
+    for c in event.choices:
+        was = held.get(c.index)
+        if was is None:
+            continue
+        if was.finish_reason is not None or (was.logprobs is None) != (c.logprobs is None):
+            return False
+    for c in event.choices:
+        was = held.get(c.index)
+        if was is None:
+            into.choices.append(c)
+            held[c.index] = c
+            continue
+        was.token_ids = [*(was.token_ids or ()), *(c.token_ids or ())]
+        if was.logprobs is not None and c.logprobs is not None:
+            was.logprobs.content = [*(was.logprobs.content or ()), *(c.logprobs.content or ())]
+        was.finish_reason = c.finish_reason
+        was.stop_reason = c.stop_reason
+        was.weight_versions = c.weight_versions
+    return True
 
 
 class _Sampled:
@@ -675,9 +753,7 @@ class _ResponsesTurn:
         finally:
             await self.service.forwarder.close(node, response)
 
-    async def events(
-        self, request_id: str, sampling: dict[str, Any]
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, request_id: str, sampling: dict[str, Any]) -> AsyncIterator[StreamEvent]:
         node, response = await self._open(request_id, sampling, stream=True)
         async for _, event in self.service._prompt_events(0, node, response):
             yield event

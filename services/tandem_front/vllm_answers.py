@@ -67,13 +67,14 @@ from tandem_wire import (
     ChoiceLogprobs,
     GenerateRequest,
     GenerateResponse,
+    GenerateStreamResponse,
     TandemHTTPError,
     WeightVersionSpan,
     error_types,
 )
 
 from .errors import UpstreamError
-from .openai_service import RenderProbe, ResponsesHops, Written
+from .openai_service import RenderProbe, ResponsesHops, StreamEvent, Written
 from .settings import FrontSettings
 
 __all__ = ["VllmAnswers"]
@@ -324,7 +325,7 @@ class _ResponsesEngine(_Engine):
         async for event in hops.events(request_id, sampling):
             choices = _choices(event)
             if last is not None and not choices:  # the usage chunk
-                last.num_cached_tokens = _cached_tokens(event.get("usage"))
+                last.num_cached_tokens = _cached_tokens(_usage(event))
                 continue
             output = outputs.request_output(choices, None)
             if any(c.finish_reason is not None for c in choices):
@@ -983,7 +984,7 @@ class _ChatPlan(_Plan):
         rid: str,
         model: str,
         gens: list[GenerateRequest[Any]],
-        events: AsyncIterator[tuple[int, dict[str, Any]]],
+        events: AsyncIterator[tuple[int, StreamEvent]],
     ) -> AsyncIterator[bytes]:
         (gen,) = gens
         outputs = _Outputs(self.side, gen, None)
@@ -1083,7 +1084,7 @@ class _CompletionPlan(_Plan):
         rid: str,
         model: str,
         gens: list[GenerateRequest[Any]],
-        events: AsyncIterator[tuple[int, dict[str, Any]]],
+        events: AsyncIterator[tuple[int, StreamEvent]],
     ) -> AsyncIterator[bytes]:
         outputs = [_Outputs(self.side, g, self.keep_rank) for g in gens]
         texts = self._prompts(gens)
@@ -1110,12 +1111,22 @@ class _CompletionPlan(_Plan):
         return self._relayed(pieces)
 
 
-def _choices(event: dict[str, Any]) -> list[Any]:
-    """A generate stream event's choices, read as the wire's (a bad one is the node's fault)."""
+def _choices(event: StreamEvent) -> list[Any]:
+    """A generate stream event's choices, read as the wire's (a bad one is the node's fault):
+    a binary stream's are the wire's already; an SSE event's are read here."""
+    if isinstance(event, GenerateStreamResponse):
+        return event.choices
     try:
         return [_StreamChoice(c) for c in event.get("choices") or ()]
     except (msgspec.ValidationError, KeyError, TypeError, ValueError):
         raise UpstreamError("generate sent an unreadable stream event") from None
+
+
+def _usage(event: StreamEvent) -> Any:
+    """A generate stream event's usage (None when it has none)."""
+    if isinstance(event, GenerateStreamResponse):
+        return event.usage
+    return event.get("usage")
 
 
 class _StreamChoice:
@@ -1195,7 +1206,7 @@ class _MessagesPlan:
         rid: str,
         model: str,
         gens: list[GenerateRequest[Any]],
-        events: AsyncIterator[tuple[int, dict[str, Any]]],
+        events: AsyncIterator[tuple[int, StreamEvent]],
     ) -> AsyncIterator[bytes]:
         return self._converted(self.chat.chunks(rid, model, gens, events))
 
