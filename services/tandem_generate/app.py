@@ -54,6 +54,7 @@ from tandem_wire.control import (
     UpdateWeightsRequest,
     UpdateWeightVersionRequest,
 )
+from tandem_wire.streams import STREAM_CONTENT_TYPE, accepts_stream_frames
 
 from .control import EngineControl
 from .engine import Engine
@@ -150,8 +151,12 @@ def create_app(
         headers = {SYSTEM_FINGERPRINT_HEADER: fingerprint} if fingerprint else None
         cached = request.headers.get(PROMPT_TOKENS_DETAILS_HEADER, "").lower() == "true"
         if req.stream:
-            events = svc.stream(req, principal, slot, cached)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+            # The binary stream only for a caller that names it (the front door); SSE, as
+            # upstream's, for every other.
+            framed = accepts_stream_frames(request.headers.get("accept"))
+            events = svc.stream(req, principal, slot, cached, framed)
+            media = STREAM_CONTENT_TYPE if framed else "text/event-stream"
+            return StreamingResponse(events, media_type=media, headers=headers)
         result = await svc.generate(req, request.is_disconnected, principal, slot, cached)
         if result is None:
             return Response(status_code=499)  # the client is gone; nobody reads this

@@ -13,13 +13,17 @@ import httpx
 from tandem_http import BadRequest, ModelNotFound, PromptTooLong, Slot
 from tandem_wire import (
     DecodeLimits,
+    ErrorBody,
+    ErrorInfo,
     GenerateRequest,
     GenerateResponse,
     ItemBytes,
+    TandemHTTPError,
     WireFormat,
     decode_generate_request,
     encode_document,
 )
+from tandem_wire.streams import END_FRAME, encode_error_frame, encode_event_frame
 
 from .content_parts import RENDER_URL_FLAG, ContentPartsResolver
 from .engine import Engine
@@ -241,14 +245,20 @@ class GenerateService:
         principal: str = "",
         slot: Slot | None = None,
         cached_tokens: bool = False,
+        framed: bool = False,
     ) -> AsyncIterator[bytes]:
-        """Check now (errors become proper HTTP answers); return the SSE body."""
+        """Check now (errors become proper HTTP answers); return the stream's body: SSE, or
+        with ``framed`` the binary stream's frames (``tandem_wire.streams``), which carry the
+        same documents. Outputs the engine made while the reader was not taking them come as
+        one chunk (vLLM's output collector merges a request's pending deltas)."""
         params, inputs, top_n = self._prepare(req, principal, slot)
-        return self._stream(req, params, inputs, top_n, self.counts_cached(cached_tokens))
+        chunks = self._chunks(req, params, inputs, top_n, self.counts_cached(cached_tokens))
+        return _frames(chunks) if framed else _sse_events(chunks)
 
-    async def _stream(
+    async def _chunks(
         self, req: Any, params: Any, inputs: Any, top_n: int | None, cached_tokens: bool
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[Any]:
+        """The stream's documents: one per engine output, then the usage when asked."""
         options = req.stream_options or {}
         prompt_tokens = len(inputs.token_ids)
         cached: int | None = None
@@ -273,16 +283,14 @@ class GenerateService:
                         req.features.mm_placeholders if req.features else None
                     )
                 first = False
-                yield _sse(encode_document(chunk, WireFormat.JSON))
+                yield chunk
                 finished = res.finished
                 cached = res.num_cached_tokens if res.num_cached_tokens is not None else cached
             if options.get("include_usage"):
                 details = prompt_details(cached, cached_tokens)
-                usage = usage_chunk(
+                yield usage_chunk(
                     req.request_id, prompt_tokens, generated, text is not None, details
                 )
-                yield _sse(encode_document(usage, WireFormat.JSON))
-            yield b"data: [DONE]\n\n"
             self.metrics.requests.labels("ok").inc()
             self.metrics.latency.observe(time.perf_counter() - start)
             self.metrics.generated_tokens.inc(generated)
@@ -291,6 +299,32 @@ class GenerateService:
                 # The client went away mid-stream (or the engine failed): free the engine slot.
                 self.metrics.requests.labels("aborted").inc()
                 await self.engine.abort(engine_id)
+
+
+async def _sse_events(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """Upstream's stream: each document as an SSE event, then ``[DONE]``."""
+    try:
+        async for chunk in chunks:
+            yield _sse(encode_document(chunk, WireFormat.JSON))
+        yield b"data: [DONE]\n\n"
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
+async def _frames(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """The binary stream: each document as an ``EVENT`` frame, then ``END``. A typed error
+    mid-stream is sent as the stream's ``ERROR`` frame (its reader learns what failed, and the
+    connection is kept); anything else cuts the stream, as it cuts an SSE one."""
+    try:
+        async for chunk in chunks:
+            yield encode_event_frame(chunk)
+    except TandemHTTPError as exc:
+        info = ErrorInfo(type=exc.type, message=exc.message, code=exc.status_code, param=exc.param)
+        yield encode_error_frame(ErrorBody(info))
+        return
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+    yield END_FRAME
 
 
 def _uncharged(nbytes: int) -> None:

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from tandem_wire import SYSTEM_FINGERPRINT_HEADER, WireFormat, encode_generate_request
+from tandem_wire.streams import STREAM_CONTENT_TYPE, FrameReader, StreamFrameKind
 
 from ...support.asgi import app_client
 from ...support.images import data_url, png_bytes
@@ -119,6 +120,65 @@ async def test_streaming_matches_the_full_answer(app, qwen2_renderer, qwen2_dir)
     versions = [c["weight_versions"] for ch in chunks for c in ch["choices"]]
     assert versions[-1] == [{"version": "default", "start": 0, "end": len(streamed)}]
     assert all(v is None for v in versions[:-1])
+
+
+async def test_a_stream_is_sse_unless_the_binary_stream_is_asked_for(
+    app, qwen2_renderer, qwen2_dir
+):
+    """Upstream's SSE for every caller but one that names the binary stream in ``Accept`` (a
+    msgpack ``Accept`` alone does not); both carry the same documents."""
+    req = await render(qwen2_renderer, qwen2_dir, [9], **GREEDY)
+    req = msgspec.structs.replace(
+        with_sampling(req, logprobs=1, n=2, temperature=1.0, seed=11),  # seeded: the same twice
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    body = encode_generate_request(req, WireFormat.MSGPACK)
+    asks = {
+        "none": {},
+        "msgpack": {"accept": WireFormat.MSGPACK.content_type},
+        "frames": {"accept": f"{STREAM_CONTENT_TYPE}, {WireFormat.MSGPACK.content_type}"},
+    }
+    got: dict[str, tuple[str, bytes]] = {}
+    async with app_client(app) as c:
+        for name, accept in asks.items():
+            headers = {"content-type": WireFormat.MSGPACK.content_type, **accept}
+            async with c.stream(
+                "POST", "/inference/v1/generate", content=body, headers=headers
+            ) as r:
+                assert r.status_code == 200, await r.aread()
+                got[name] = (r.headers["content-type"], await r.aread())
+    for name in ("none", "msgpack"):
+        kind, raw = got[name]
+        assert kind.startswith("text/event-stream") and raw.endswith(b"data: [DONE]\n\n")
+    kind, raw = got["frames"]
+    assert kind == STREAM_CONTENT_TYPE
+    reader = FrameReader()
+    frames = reader.feed(raw)
+    reader.finish()
+    assert frames[-1] == (StreamFrameKind.END, b"")
+    framed = [msgspec.msgpack.decode(p) for _, p in frames[:-1]]
+    sse = [json.loads(b[6:]) for b in got["none"][1].split(b"\n\n") if b[6:7] == b"{"]
+
+    def content(docs):
+        """Per sample: tokens, logprob tokens, finish reason, spans; and the usage (the
+        engine may cut its outputs into chunks differently from one run to the next)."""
+        out = {}
+        for d in docs:
+            for ch in d["choices"]:
+                got = out.setdefault(ch["index"], [[], [], None, None])
+                got[0] += ch["token_ids"]
+                got[1] += [e["token_id"] for e in ch["logprobs"]["content"]]
+                got[2] = ch["finish_reason"] or got[2]
+                got[3] = ch["weight_versions"] or got[3]
+        return out, docs[-1]["usage"], {d["request_id"] for d in docs}
+
+    assert content(framed) == content(sse)
+    samples, usage, request_ids = content(framed)
+    assert sorted(samples) == [0, 1]
+    assert all(s[1] == s[0] and s[2] in ("length", "stop") for s in samples.values())
+    assert usage["completion_tokens"] == sum(len(s[0]) for s in samples.values())
+    assert request_ids == {req.request_id}
 
 
 def _json_doc(req):
