@@ -283,3 +283,33 @@ def test_frames_are_the_events_sse_carries():
         assert msgspec.msgpack.decode(frame[5:]) == msgspec.json.decode(
             encode_document(doc, WireFormat.JSON)
         )
+
+
+# -- the Responses API reads the same stream -------------------------------------------------
+
+
+def _with_cached_usage(request_id: str) -> list[Event]:
+    docs = _one_sample(request_id)
+    docs[-1]["usage"]["prompt_tokens_details"] = {"cached_tokens": 32}
+    return docs
+
+
+async def test_a_streamed_response_reads_the_binary_stream_as_it_read_sse(plain):
+    from .test_front_answers import sse
+    from .test_front_responses import call
+
+    got = {}
+    for binary in (True, False):
+        node = Node(binary=binary, make=_with_cached_usage)
+        body = {"input": "hi", "stream": True, "max_output_tokens": 5}
+        (r,) = await call(plain, node, ("POST", "/v1/responses", body))
+        assert r.status_code == 200, r.text
+        assert node.framed == [binary]
+        sent = sse(r.content)
+        kinds = [k for k, _ in sent]
+        deltas = "".join(d["delta"] for k, d in sent if k == "response.output_text.delta")
+        got[binary] = (kinds, deltas, sent[-1][1]["response"]["usage"])
+    assert got[True] == got[False]
+    kinds, deltas, usage = got[True]
+    assert kinds[-1] == "response.completed" and len(deltas) > 0
+    assert usage["input_tokens_details"]["cached_tokens"] == 32  # from the usage frame
