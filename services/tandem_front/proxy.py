@@ -5,7 +5,8 @@ How the door fails as a proxy (each a typed error, never a 500): no node reachab
 ``upstream_unavailable``; a node that took the request but does not answer in time -> 504
 ``upstream_timeout``; a connection reset or protocol error -> 502 ``upstream_error``. After the
 first byte of an event stream, the failure is one error event then ``data: [DONE]`` (as vLLM
-ends a failed stream); other answers are cut off. Every upstream answer is closed, and its node's
+ends a failed stream), and of a binary stream (``tandem_wire.streams``) its ``ERROR`` frame;
+other answers are cut off. Every upstream answer is closed, and its node's
 pending count given back, however the request ends, the caller hanging up included.
 """
 
@@ -31,7 +32,16 @@ from tandem_http import (
     principal_of,
     request_id_of,
 )
-from tandem_wire import PayloadTooLarge, TandemHTTPError, WireFormat, error_types
+from tandem_wire import (
+    ErrorBody,
+    ErrorInfo,
+    PayloadTooLarge,
+    TandemHTTPError,
+    WireFormat,
+    error_types,
+)
+from tandem_wire.protocol import STREAM_FRAME_HEADER_BYTES, StreamFrameKind
+from tandem_wire.streams import encode_error_frame, is_stream_frames
 
 from .errors import FrontError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from .metrics import FrontMetrics
@@ -46,6 +56,8 @@ __all__ = [
     "Relay",
     "downstream_headers",
     "error_event",
+    "error_frame",
+    "frames_with_error_tail",
     "merged",
     "sse_with_error_tail",
     "tenant_header",
@@ -142,6 +154,55 @@ def error_event(exc: BaseException, request_id: str) -> bytes:
         WireFormat.JSON, status_code=status, type=type_, message=message, request_id=request_id
     )
     return b"data: " + body + b"\n\n"
+
+
+def error_frame(exc: BaseException, request_id: str) -> bytes:
+    """The binary stream's ``ERROR`` frame carrying ``exc`` as ``error_event`` carries it."""
+    if isinstance(exc, TandemHTTPError):
+        status, type_, message = exc.status_code, exc.type, exc.message
+    else:
+        status, type_ = 500, error_types.INTERNAL_ERROR
+        message = f"internal error (request id {request_id})"
+    info = ErrorInfo(type=type_, message=message, code=status, request_id=request_id)
+    return encode_error_frame(ErrorBody(info))
+
+
+async def frames_with_error_tail(
+    source: AsyncIterator[bytes], request_id: str
+) -> AsyncIterator[bytes]:
+    """A binary stream's bytes re-cut at frame boundaries (nothing decoded: a proxy passes
+    them on); if ``source`` fails before the stream's last frame, an ``ERROR`` frame carrying
+    the failure ends it, as an error event ends a failed SSE stream."""
+    held = b""
+    ended = False
+    try:
+        async for chunk in source:
+            held += chunk
+            cut, ended = _whole_frames(held, ended)
+            if cut:
+                yield held[:cut]
+                held = held[cut:]
+        if held:
+            yield held
+    except Exception as exc:
+        if not ended:
+            yield error_frame(exc, request_id)
+    finally:
+        await _aclose(source)
+
+
+def _whole_frames(held: bytes, ended: bool) -> tuple[int, bool]:
+    """Where the whole frames at the start of ``held`` end, and whether the stream's last
+    frame is among them (or was before)."""
+    at = 0
+    while not ended and len(held) - at >= STREAM_FRAME_HEADER_BYTES:
+        size = int.from_bytes(held[at + 1 : at + STREAM_FRAME_HEADER_BYTES], "big")
+        end = at + STREAM_FRAME_HEADER_BYTES + size
+        if end > len(held):
+            break
+        ended = held[at] != StreamFrameKind.EVENT
+        at = end
+    return (len(held) if ended else at), ended
 
 
 async def sse_with_error_tail(
@@ -416,9 +477,12 @@ class Forwarder:
             content if isinstance(content, OnceStream) else None,
         )
         raw = self._relay(node, response)
-        sse = response.headers.get("content-type", "").startswith("text/event-stream")
-        if sse and "content-encoding" not in response.headers:
-            raw = sse_with_error_tail(_whole_events(raw), request_id_of(request))
+        ctype = response.headers.get("content-type", "")
+        if "content-encoding" not in response.headers:
+            if ctype.startswith("text/event-stream"):
+                raw = sse_with_error_tail(_whole_events(raw), request_id_of(request))
+            elif is_stream_frames(ctype):
+                raw = frames_with_error_tail(raw, request_id_of(request))
         answer = Relay(raw, lambda: self.close(node, response), response.status_code)
         answer.raw_headers = downstream_headers(response)
         return answer

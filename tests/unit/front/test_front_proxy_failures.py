@@ -22,6 +22,15 @@ from starlette.routing import Route
 
 from tandem_front.app import create_app
 from tandem_wire import GenerateRequest, WireFormat, encode_generate_requests
+from tandem_wire.streams import (
+    STREAM_CONTENT_TYPE,
+    FrameReader,
+    StreamFrameKind,
+    accepts_stream_frames,
+    decode_error,
+    decode_event,
+    encode_event_frame,
+)
 from tests.support.asgi import AsgiCall, BodyCall, app_client
 
 from .test_front_routing import Fleet, fleet, generate_body, settings
@@ -30,6 +39,7 @@ pytestmark = pytest.mark.anyio
 
 GENERATE = "/inference/v1/generate"
 FIRST_EVENT = b'data: {"request_id":"r","choices":[{"index":0,"token_ids":[7]}]}\n\n'
+FIRST_FRAME = encode_event_frame({"request_id": "r", "choices": [{"index": 0, "token_ids": [7]}]})
 
 
 class BadNode:
@@ -39,6 +49,7 @@ class BadNode:
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
+        self.accept = ""
         self.url = ""
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task] = set()
@@ -86,6 +97,21 @@ class BadNode:
                     + b"\r\n"
                     # half of the next event, then the node dies
                     + b'a\r\ndata: {"re\r\n'
+                )
+            elif self.mode == "frames":  # the binary stream (tandem_wire.streams)
+                self.accept = next(
+                    line.split(b":", 1)[1].strip().decode()
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"accept:")
+                )
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/vnd.tandem.stream+msgpack\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                    + f"{len(FIRST_FRAME):x}\r\n".encode()
+                    + FIRST_FRAME
+                    + b"\r\n"
+                    # the head of the next frame, then the node dies
+                    + b"3\r\n\x01\x00\x00\r\n"
                 )
             elif self.mode == "json":
                 writer.write(
@@ -182,7 +208,9 @@ class _Plan:
                 first = False
                 role = {"index": 0, "delta": {"role": "assistant", "content": ""}}
                 yield _event({"id": rid, "choices": [role]})
-            for c in event.get("choices") or ():
+            # An SSE event's JSON object, or a binary stream's struct (tandem_wire.streams).
+            read = event if isinstance(event, dict) else msgspec.to_builtins(event)
+            for c in read.get("choices") or ():
                 text = _text(c.get("token_ids"))
                 choice = {"index": p + c["index"]}
                 choice.update({"delta": {"content": text}} if self.chat else {"text": text})
@@ -308,6 +336,47 @@ async def test_an_sse_pass_through_cut_mid_answer_ends_with_an_error_event_and_i
     first, error, done = events(r.content)  # the half-sent event is not passed on
     assert first["choices"][0]["token_ids"] == [7]
     assert error["error"]["type"] == "upstream_error" and error["error"]["code"] == 502
+    assert done == "[DONE]"
+
+
+async def test_a_binary_stream_pass_through_cut_mid_answer_ends_with_an_error_frame():
+    async with BadNode("frames") as node:
+        transport = Mixed({})
+        app = create_app(settings(generate_urls=(node.url,)), Texts(), transport)
+        async with app_client(app) as c:
+            body = {**generate_body(), "stream": True}
+            r = await c.post(GENERATE, json=body, headers={"accept": STREAM_CONTENT_TYPE})
+            gen = app.state.upstreams.generate[0]
+            assert (gen.pending, transport.checked_out()) == (0, 0)
+        await transport.aclose()
+    assert node.accept == STREAM_CONTENT_TYPE  # the caller's, passed on
+    assert r.status_code == 200 and r.headers["content-type"] == STREAM_CONTENT_TYPE
+    reader = FrameReader()
+    (first, error) = reader.feed(r.content)  # the half-sent frame is not passed on
+    reader.finish()  # ended whole, by its error
+    assert first[0] is StreamFrameKind.EVENT and r.content.startswith(FIRST_FRAME)
+    assert decode_event(first[1], dict)["choices"][0]["token_ids"] == [7]
+    assert error[0] is StreamFrameKind.ERROR
+    info = decode_error(error[1]).error
+    assert (info.type, info.code) == ("upstream_error", 502)
+
+
+async def test_an_openai_stream_over_a_binary_node_cut_mid_answer_ends_with_an_error_event():
+    async with BadNode("frames") as node:
+        transport = Mixed({"r1": render_app()})
+        s = settings(render_urls=("http://r1",), generate_urls=(node.url,))
+        app = create_app(s, Texts(), transport)
+        async with app_client(app) as c:
+            r = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+            gen = app.state.upstreams.generate[0]
+            assert (gen.pending, transport.checked_out()) == (0, 0)
+        await transport.aclose()
+    assert accepts_stream_frames(node.accept)  # the door asked for the binary stream
+    assert r.status_code == 200
+    role, token, error, done = events(r.content)
+    assert role["choices"][0]["delta"]["role"] == "assistant"
+    assert token["choices"][0]["delta"]["content"] == "<7>"
+    assert error["error"]["type"] == "upstream_error"
     assert done == "[DONE]"
 
 
