@@ -701,9 +701,16 @@ def _coalesce(into: GenerateStreamResponse, event: GenerateStreamResponse) -> bo
             into.choices.append(c)
             held[c.index] = c
             continue
-        was.token_ids = [*(was.token_ids or ()), *(c.token_ids or ())]
+        # ``into`` is the door's own decoded event: its lists grow in place.
+        if was.token_ids is None:
+            was.token_ids = list(c.token_ids or ())
+        else:
+            was.token_ids += c.token_ids or ()
         if was.logprobs is not None and c.logprobs is not None:
-            was.logprobs.content = [*(was.logprobs.content or ()), *(c.logprobs.content or ())]
+            if was.logprobs.content is None:
+                was.logprobs.content = list(c.logprobs.content or ())
+            else:
+                was.logprobs.content += c.logprobs.content or ()
         was.finish_reason = c.finish_reason
         was.stop_reason = c.stop_reason
         was.weight_versions = c.weight_versions
