@@ -29,7 +29,7 @@ FRONT_PORT ?= 8000
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models docs test test-unit fuzz soak chaos lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door run-render run-generate run demo clean
+.PHONY: help setup models docs test test-unit fuzz soak chaos lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door bench-stream run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + $(GENERATE_NODES) generate nodes + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
@@ -48,6 +48,7 @@ help:
 	@echo "make bench-generate  render->generate vs upstream's pair and monolithic server (API CPU/request)"
 	@echo "make bench-weights  weight updates (tiny model, synthetic 1 GB) vs a plain copy of the bytes"
 	@echo "make bench-front-door  front door: proxied vs direct generate (CPU/MB, added p50); OpenAI chat vs vllm serve, one side at a time, and vllm bench serve on both"
+	@echo "make bench-stream  the door's CPU per streamed token: generate's stream as SSE vs binary frames (in-process, no engine)"
 	@echo "make run-render  serve render on 127.0.0.1:$(RENDER_PORT) (MODEL=... or the tiny Qwen2-VL)"
 	@echo "make run-generate  serve generate on 127.0.0.1:$(GENERATE_PORT) (same model choice)"
 
@@ -124,6 +125,9 @@ bench-weights: setup
 
 bench-front-door: setup
 	$(PY) -m tools.bench_front_door
+
+bench-stream: setup
+	$(PY) -m tools.bench_stream
 
 # Without MODEL, the tiny Qwen2-VL test model is built (seconds) and served.
 MODEL_DIR = "$${MODEL:-$$($(PY) -m tools.tiny_models qwen2-vl | tail -n 1)}"
