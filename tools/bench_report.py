@@ -9,7 +9,10 @@ engine at a time. Every timed cell runs ``--runs`` times (median, min, max). Sec
 3. generate: our pair vs upstream's pair vs upstream's monolithic server (API CPU, latency);
 4. rollout: the GRPO-shaped batch through tandem_client, TRL's client via the front door,
    upstream's pair driven as TRL does, and the monolithic server;
-5. scaling: bytes and time by image size and by images per prompt.
+5. scaling: bytes and time by image size and by images per prompt;
+6. front_door: OpenAI chat through the front door (at its defaults, and with ``--render
+   inline``) against ``vllm serve``, one side alive at a time (tools/bench_front_door.py's
+   part (b), ``--door-rounds`` rounds).
 Writes ``report.json`` (raw numbers), ``report.md`` and PNG plots (tools/bench_report_docs.py)
 into ``--out`` (docs/bench).
 """
@@ -38,7 +41,7 @@ import psutil
 from PIL import Image
 
 from tests.support.images import chat_body, data_url, png_bytes
-from tools import bench_generate, bench_render, bench_rollout
+from tools import bench_front_door, bench_generate, bench_render, bench_rollout
 from tools.bench_report_docs import write_report
 from tools.servers import (
     ServerProcess,
@@ -590,6 +593,24 @@ def upstream_stack(
                 )
 
 
+def front_door_section(model: str, rounds: int, report: dict[str, Any]) -> dict[str, Any]:
+    """The door at its defaults and with ``--render inline`` against ``vllm serve``, both
+    loads and ``vllm bench serve`` (its failure is reported, the rest of the run kept)."""
+    args = argparse.Namespace(
+        loads=list(bench_front_door.LOADS),
+        door_configs=["defaults", "inline"],
+        bench_serve=True,
+        rounds=rounds,
+        only=None,
+    )
+    try:
+        return asyncio.run(bench_front_door.door_vs_serve(model, args))
+    except Exception as exc:  # noqa: BLE001 - reported like every other failed measurement
+        report["failures"].append(f"front door: {type(exc).__name__}: {exc}"[:400])
+        print(f"  ! {report['failures'][-1]}", flush=True)
+        return {}
+
+
 # -- the run -------------------------------------------------------------------------------------
 
 
@@ -634,7 +655,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-PARTS = ("payload", "render", "generate", "rollout", "scaling")
+PARTS = ("payload", "render", "generate", "rollout", "scaling", "front_door")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -648,6 +669,9 @@ def main(argv: list[str] | None = None) -> int:
         "--generate-requests", type=int, default=12, help="requests per generate run"
     )
     parser.add_argument("--codec-reps", type=int, default=9, help="runs per codec measurement")
+    parser.add_argument(
+        "--door-rounds", type=int, default=2, help="front door vs vllm serve: rounds of each side"
+    )
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
     unknown = parts - set(PARTS)
@@ -686,11 +710,11 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n")
 
     if "payload" in parts:
-        print("[1/5] payload per request (in-process)", flush=True)
+        print("[1/6] payload per request (in-process)", flush=True)
         report["payload"] = payload_section(MODEL, args.codec_reps)
         save()
     if "render" in parts:
-        print("[2/5] render throughput", flush=True)
+        print("[2/6] render throughput", flush=True)
         report["render"]["rows"] = attempt(
             report, "render", lambda: render_section(model, args.runs, args.render_requests)
         )
@@ -698,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         report["render"]["n"] = args.render_requests
         save()
     if parts & {"generate", "rollout", "scaling"}:
-        print("[3-5/5] generate, rollout and scaling: ours, then upstream", flush=True)
+        print("[3-5/6] generate, rollout and scaling: ours, then upstream", flush=True)
         for stack in (ours_stack, upstream_stack):
             try:
                 stack(model, parts, args, report)
@@ -706,6 +730,10 @@ def main(argv: list[str] | None = None) -> int:
                 report["failures"].append(f"{stack.__name__}: {type(exc).__name__}: {exc}"[:400])
                 print(f"  ! {report['failures'][-1]}", flush=True)
             save()
+    if "front_door" in parts:
+        print("[6/6] the front door against vllm serve, one side at a time", flush=True)
+        report["front_door"] = front_door_section(model, args.door_rounds, report)
+        save()
     write_report(report, out_dir)
     print(f"report written to {out_dir}/report.md in {time.monotonic() - t0:.0f} s", flush=True)
     return 0

@@ -474,6 +474,97 @@ def plots(report: dict[str, Any], out_dir: Path) -> list[str]:
 # -- the document --------------------------------------------------------------------------------
 
 
+def front_door_md(section: dict[str, Any], losses: list[str]) -> list[str]:
+    """The door against ``vllm serve`` (tools.bench_front_door's part (b))."""
+    sides = section.get("sides") or []
+    if not sides:
+        return []
+    loads: dict[str, str] = section.get("loads") or {}
+    out = [
+        "## 6. The front door against `vllm serve`",
+        "",
+        "OpenAI `/v1/chat/completions` through the door (render, generate, the door) and "
+        "through `vllm serve`, same model and engine options, greedy, max_tokens 8, a fresh "
+        "image set per request; one side alive at a time, "
+        f"{section.get('rounds')} round(s), one line per round; both engines with vLLM's "
+        "default OpenMP binding. CPU: ms per request at c=8, by process.",
+        "",
+    ]
+    for key, name in loads.items():
+        n = (section.get("requests") or {}).get(key, {})
+        out += [f"{name} per chat ({n.get('c1')} requests at c=1, {n.get('c8')} at c=8):", ""]
+        rows = []
+        for s in sides:
+            r = s["loads"].get(key)
+            if r:
+                cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms"].items())
+                rows.append(
+                    [
+                        f"{s['side']}, round {s['round']}",
+                        f"{r['c1_p50_ms']:.0f} / {r['c1_p95_ms']:.0f}",
+                        f"{r['c8_req_s']:.2f}",
+                        f"{r['c8_p50_ms']:.0f}",
+                        f"{sum(r['cpu_ms'].values()):.1f} ({cpu})",
+                        str(r["errors"]),
+                    ]
+                )
+        out += table(
+            ["side", "c=1 p50 / p95 ms", "c=8 req/s", "c=8 p50 ms", "CPU ms/req", "errors"],
+            rows,
+        )
+    benches = [s for s in sides if s.get("bench")]
+    if benches:
+        out += [f"`vllm bench serve` ({section.get('bench_serve')}):", ""]
+        out += table(
+            ["side", "completed", "TTFT p50 ms", "TPOT p50 ms", "E2E p50 ms", "req/s"],
+            [
+                [
+                    f"{s['side']}, round {s['round']}",
+                    f"{s['bench']['completed']}/{s['bench']['num_prompts']}",
+                    f"{s['bench']['median_ttft_ms']:.0f}",
+                    f"{s['bench']['median_tpot_ms']:.1f}",
+                    f"{s['bench']['median_e2el_ms']:.0f}",
+                    f"{s['bench']['request_throughput']:.2f}",
+                ]
+                for s in benches
+            ],
+        )
+    targets = section.get("targets") or []
+    if targets:
+        out += ["Targets, on the median rounds:", ""]
+        out += table(
+            ["door", "ratio", "measured", "goal", ""],
+            [
+                [t["config"], t["what"], f"{t['measured']:.2f}x", t["goal"], verdict(t["met"])]
+                for t in targets
+            ],
+        )
+        losses += [
+            f"The front door ({t['config']}): {t['what']} {t['measured']:.2f}x (goal {t['goal']})."
+            for t in targets
+            if not t["met"]
+        ]
+    for key, name in loads.items():
+        out += _hop_table(section, sides, key, name)
+    return out
+
+
+def _hop_table(
+    section: dict[str, Any], sides: list[dict[str, Any]], key: str, name: str
+) -> list[str]:
+    """Where one request's time goes at c=1 (the services' own histograms)."""
+    present = [s for s in sides if key in s["loads"]]
+    rows = []
+    for hop in section.get("hops") or []:
+        cells = [s["loads"][key]["hops_c1_ms"].get(hop) for s in present]
+        if any(c is not None for c in cells):
+            rows.append([hop, *("" if c is None else f"{c:.1f}" for c in cells)])
+    if not rows:
+        return []
+    header = ["hop", *(f"{s['side']}, round {s['round']}" for s in present)]
+    return [f"Where the time goes at c=1, {name} (mean ms per request):", "", *table(header, rows)]
+
+
 def header_md(meta: dict[str, Any]) -> list[str]:
     m = meta.get("machine", {})
     versions = ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items() if v)
@@ -510,6 +601,7 @@ def write_report(report: dict[str, Any], out_dir: Path) -> Path:
     lines += generate_md(report.get("generate", {}), losses)
     lines += rollout_md(report.get("rollout", {}), losses)
     lines += scaling_md(report.get("scaling", {}), losses)
+    lines += front_door_md(report.get("front_door", {}), losses)
     lines += ["## Where we lose", ""]
     lines += [f"- {loss}" for loss in losses] or ["- Nowhere in this run."]
     lines.append("")

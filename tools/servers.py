@@ -25,12 +25,21 @@ def free_port() -> int:
 class ServerProcess:
     """A server started as a child process; its output goes to a log file printed on failure."""
 
-    def __init__(self, name: str, args: list[str], port: int, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        port: int,
+        env: dict[str, str] | None = None,
+        uds: str | None = None,
+    ):
         self.name = name
         self.args = args
         self.env = env
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.uds = uds
+        """The Unix-domain socket it listens on (its ``--uds``) instead of ``port``."""
+        self.url = f"unix:{uds}" if uds else f"http://127.0.0.1:{port}"
         self.log = Path(tempfile.mkstemp(prefix=f"tandem-{name}-", suffix=".log")[1])
         self._rebinds = 0
         self._launch()
@@ -61,7 +70,14 @@ class ServerProcess:
 
     def restarted(self) -> ServerProcess:
         """The same server started again (same command, port and environment)."""
-        return ServerProcess(self.name, self.args, self.port, self.env)
+        return ServerProcess(self.name, self.args, self.port, self.env, self.uds)
+
+    def get(self, path: str, timeout: float = 10) -> httpx.Response:
+        """GET ``path`` from it, over its socket if it listens on one."""
+        if self.uds is None:
+            return httpx.get(f"{self.url}{path}", timeout=timeout)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=self.uds)) as client:
+            return client.get(f"http://localhost{path}", timeout=timeout)
 
     def log_text(self, tail: int = 8000) -> str:
         return self.log.read_text(errors="replace")[-tail:]
@@ -78,7 +94,7 @@ class ServerProcess:
                     f"{self.name} exited ({self.proc.returncode}):\n{self.log_text()}"
                 )
             try:
-                if httpx.get(f"{self.url}{path}", timeout=2).status_code == 200:
+                if self.get(path, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -155,8 +171,15 @@ VLLM_DEFAULT_BINDING = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
 
 
 def _start(
-    name: str, module: str, args: list[str], env: dict[str, str] | None = None
+    name: str,
+    module: str,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    uds: str | None = None,
 ) -> ServerProcess:
+    """The server on a free port, or on the Unix-domain socket ``uds`` (our services)."""
+    if uds is not None:
+        return ServerProcess(name, python_module(module, *args, "--uds", uds), 0, env, uds)
     port = free_port()
     return ServerProcess(name, python_module(module, *args, "--port", str(port)), port, env)
 
@@ -182,11 +205,13 @@ def upstream_serve(model: str, *options: str, env: dict[str, str] | None = None)
     )
 
 
-def tandem_render(model: str, *options: str, workers: int | None = 1) -> ServerProcess:
+def tandem_render(
+    model: str, *options: str, workers: int | None = 1, uds: str | None = None
+) -> ServerProcess:
     """Our render server (``options``: more of its command-line options; ``workers`` None:
-    the service's default count)."""
+    the service's default count; ``uds``: listen on that socket instead of a port)."""
     args = ["--model", model, *_workers(workers), *options]
-    return _start("tandem-render", "tandem_render", args)
+    return _start("tandem-render", "tandem_render", args, uds=uds)
 
 
 def _workers(workers: int | None) -> list[str]:
@@ -198,15 +223,17 @@ def tandem_generate(
     weight_dir: str | None = None,
     *options: str,
     env: dict[str, str] | None = None,
+    uds: str | None = None,
 ) -> ServerProcess:
     """Our generate server; control routes on (it binds 127.0.0.1), and with ``weight_dir`` the
     tandem_file weight-transfer backend reading updates from that folder (``options``: more of
-    its command-line options; ``env``: variables set over this process's environment)."""
+    its command-line options; ``env``: variables set over this process's environment;
+    ``uds``: listen on that socket instead of a port)."""
     args = ["--model", model, "--enable-control-routes", *CPU_ENGINE_ARGS]
     args += ["--item-cache-bytes", SERVER_ITEM_CACHE_BYTES, *options]
     if weight_dir is not None:
         args += [*weight_transfer_args(weight_dir)]
-    return _start("tandem-generate", "tandem_generate", args, env)
+    return _start("tandem-generate", "tandem_generate", args, env, uds)
 
 
 def weight_transfer_args(weight_dir: str) -> list[str]:

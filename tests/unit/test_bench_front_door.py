@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from tools.bench_front_door import LOADS, LoadResult, Side, hop_means, photo_jpeg, ratio_rows
+import argparse
+import json
+
+import pytest
+
+from tools.bench_front_door import (
+    LOADS,
+    LoadResult,
+    Side,
+    hop_means,
+    load_targets,
+    photo_jpeg,
+    section,
+)
 from tools.bench_generate import Result
 
 
@@ -21,27 +34,38 @@ def test_a_hop_mean_is_its_sums_growth_over_its_counts():
 
 def test_targets_are_judged_on_the_ratio_to_vllm_serve():
     serve = [side("vllm serve", 50, 30)]
-    met = ratio_rows([side("front door", 54, 30.3)], serve, "448")
-    assert "1.08x" in met[0] and met[0].endswith("| met |")
-    assert "1.01x" in met[1] and met[1].endswith("| met |")
-    missed = ratio_rows([side("front door", 60, 24)], serve, "448")
-    assert "1.20x" in missed[0] and missed[0].endswith("| missed |")
-    assert "0.80x" in missed[1] and missed[1].endswith("| missed |")
-
-
-def test_each_load_has_its_own_targets():
-    # 0.95x of vllm serve's p50 meets the 448 target (<= 1.10x) but not the photos' (<= 0.90x).
-    serve = [side("vllm serve", 500, 2, "720p")]
-    rows = ratio_rows([side("front door", 475, 2.6, "720p")], serve, "720p")
-    assert "0.95x" in rows[0] and rows[0].endswith("| missed |")
-    assert "1.30x" in rows[1] and rows[1].endswith("| met |")
+    p50, rps = load_targets([side("front door", 54, 30.3)], serve, "448")
+    assert (p50["measured"], p50["goal"], p50["met"]) == (1.08, "<= 1.1x", True)
+    assert (rps["measured"], rps["goal"], rps["met"]) == (1.01, ">= 1.0x", True)
+    p50, rps = load_targets([side("front door", 60, 24)], serve, "448")
+    assert (p50["measured"], p50["met"]) == (1.2, False)
+    assert (rps["measured"], rps["met"]) == (0.8, False)
 
 
 def test_the_ratios_use_the_median_round_of_each_side():
     door = [side("front door", 55, 20), side("front door", 57, 27), side("front door", 90, 28)]
     serve = [side("vllm serve", 50, 30), side("vllm serve", 51, 30), side("vllm serve", 49, 31)]
-    rows = ratio_rows(door, serve, "448")
-    assert "1.14x" in rows[0] and "0.90x" in rows[1]
+    p50, rps = load_targets(door, serve, "448")
+    assert (p50["measured"], rps["measured"]) == (1.14, 0.9)
+
+
+def test_the_section_names_each_round_and_judges_each_door_config():
+    args = argparse.Namespace(loads=["448"], rounds=2, bench_serve=False)
+    doors = {"defaults": [side("front door", 54, 30), side("front door", 56, 31)]}
+    serve = [side("vllm serve", 50, 30), side("vllm serve", 50, 32)]
+    out = section(doors, serve, args)
+    assert [(s["config"], s["round"]) for s in out["sides"]] == [
+        ("defaults", 1),
+        ("defaults", 2),
+        ("vllm serve", 1),
+        ("vllm serve", 2),
+    ]
+    assert out["sides"][1]["loads"]["448"]["c8_req_s"] == pytest.approx(31)
+    assert [(t["config"], t["met"]) for t in out["targets"]] == [
+        ("defaults", True),
+        ("defaults", False),  # 30.5 / 31 req/s
+    ]
+    json.dumps(out)  # what report.json keeps
 
 
 def test_every_request_of_the_photo_load_gets_its_own_images():

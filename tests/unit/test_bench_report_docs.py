@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from tools.bench_front_door import LoadResult, Side, section
+from tools.bench_generate import Result
 from tools.bench_report_docs import write_report
 
 
@@ -140,8 +143,33 @@ def report() -> dict:
             "shape": {"prompts": 32, "images_per_prompt": 2, "size": 448, "n": 4, "max_tokens": 16},
         },
         "scaling": {"rows": scaling},
+        "front_door": front_door(),
         "failures": ["scaling, upstream pair: RuntimeError: it died"],
     }
+
+
+def front_door() -> dict:
+    """The door's section as tools.bench_front_door builds it: c=1 p50 40 ms against 50
+    (met), c=8 27 against 30 req/s (missed), with vllm bench serve's figures."""
+
+    def side(label: str, c1_ms: float, rps: float, bench_rps: float) -> Side:
+        c1 = Result(label, 1, [c1_ms / 1000] * 4, 1.0, 0.0, [])
+        c8 = Result(label, 8, [0.2] * 60, 60 / rps, 0.0, [])
+        hops = {"render, inside": 9.0} if label != "vllm serve" else {}
+        cpu = {"render": 8.0, "front": 5.0} if label != "vllm serve" else {"vllm serve": 9.0}
+        bench = {
+            "completed": 32,
+            "num_prompts": 32,
+            "median_ttft_ms": 60.0,
+            "median_tpot_ms": 2.0,
+            "median_e2el_ms": 90.0,
+            "request_throughput": bench_rps,
+        }
+        return Side(label, {"448": LoadResult(c1, c8, cpu, hops)}, bench)
+
+    args = argparse.Namespace(loads=["448"], rounds=1, bench_serve=True)
+    doors = {"defaults": [side("front door (defaults)", 40, 27, 40)]}
+    return section(doors, [side("vllm serve", 50, 30, 40)], args)
 
 
 def test_the_report_has_every_section_its_plots_and_says_where_we_lose(tmp_path: Path) -> None:
@@ -153,6 +181,7 @@ def test_the_report_has_every_section_its_plots_and_says_where_we_lose(tmp_path:
         "## 3. Generate-side cost",
         "## 4. RL rollout batch",
         "## 5. Scaling",
+        "## 6. The front door against `vllm serve`",
         "## Where we lose",
         "## Measurements that failed in this run",
     ):
@@ -171,6 +200,13 @@ def test_the_report_has_every_section_its_plots_and_says_where_we_lose(tmp_path:
     assert "upstream monolithic chat finishes the fresh batch in 11.0 s" in losses
     assert "Scaling: 1 x 224x224: upstream monolithic chat answers in 90 ms" in losses
     assert "Compression CPU: 2.8-2.8 ms/MB on render and 2.7-2.7 on generate" in losses
+    assert "| front door (defaults), round 1 | 40 / 40 | 27.00 | 200 | 13.0 (render 8.0, " in text
+    assert (
+        "| defaults | one 448x448 noise PNG: c=1 p50, door / vllm serve | 0.80x | <= 1.1x | met"
+        in text
+    )
+    assert "c=8 req/s, door / vllm serve 0.90x (goal >= 1.0x)" in losses
+    assert "| render, inside | 9.0 |  |" in text
     assert "0.38x" in text and "median of 3 runs" in text
 
 
