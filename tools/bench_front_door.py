@@ -584,8 +584,9 @@ def main() -> None:
         "--door-configs",
         nargs="+",
         choices=list(DOOR_CONFIGS),
-        default=list(DOOR_CONFIGS),
-        help="(b): the door side's worker counts: the services' defaults, one worker each",
+        default=["defaults", "inline", "sockets"],
+        help="(b): the door sides: the services' defaults, render inline, render and generate "
+        "on Unix-domain sockets, one worker each (what the defaults are on 2 cores)",
     )
     parser.add_argument(
         "--no-bench-serve",

@@ -658,6 +658,29 @@ def machine() -> dict[str, Any]:
 PARTS = ("payload", "render", "generate", "rollout", "scaling", "front_door")
 
 
+def keep_sections(old: dict[str, Any], report: dict[str, Any], parts: set[str]) -> None:
+    """Into ``report``: the sections of an earlier report (``old``) that this run does not
+    measure, each named in ``meta["kept"]`` with the run it came from, and their failures."""
+    meta = old.get("meta", {})
+    this_run = {"started": meta.get("started"), "commit": meta.get("machine", {}).get("commit")}
+    kept = [p for p in PARTS if p not in parts and old.get(p)]
+    for part in kept:
+        report[part] = old[part]
+        report["meta"].setdefault("kept", {})[part] = (meta.get("kept") or {}).get(part, this_run)
+    for failure in old.get("failures") or []:
+        if _failure_part(failure.removeprefix(_KEPT)) in kept:
+            report["failures"].append(failure if failure.startswith(_KEPT) else _KEPT + failure)
+
+
+_KEPT = "(an earlier run) "
+
+
+def _failure_part(failure: str) -> str:
+    """The part a failure line belongs to: the measurements' lines start with its name, the
+    stacks' (ours_stack, upstream_stack) belong to generate, rollout and scaling alike."""
+    return next((p for p in PARTS if failure.startswith(p.replace("_", " "))), "generate")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", default="docs/bench", help="folder for report.md/.json, plots")
@@ -671,6 +694,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codec-reps", type=int, default=9, help="runs per codec measurement")
     parser.add_argument(
         "--door-rounds", type=int, default=2, help="front door vs vllm serve: rounds of each side"
+    )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="measure only --parts and keep the other sections of the report.json in --out "
+        "(the report names the run each kept section came from)",
     )
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -704,6 +733,9 @@ def main(argv: list[str] | None = None) -> int:
         "scaling": {"rows": []},
         "failures": [],
     }
+
+    if args.update and (out_dir / "report.json").exists():
+        keep_sections(json.loads((out_dir / "report.json").read_text()), report, parts)
 
     def save() -> None:
         report["meta"]["seconds"] = round(time.monotonic() - t0, 1)

@@ -584,6 +584,18 @@ def header_md(meta: dict[str, Any]) -> list[str]:
         f"- Versions: {versions}.",
         f"- Model: {meta.get('model')}; every server on 127.0.0.1, started by the run, one "
         "engine at a time; the load generator shares the cores with the servers.",
+        *(
+            [
+                "- Kept from earlier runs (`--update` measured the rest): "
+                + "; ".join(
+                    f"{part} ({k.get('started')}, commit {k.get('commit')})"
+                    for part, k in kept.items()
+                )
+                + "."
+            ]
+            if (kept := meta.get("kept"))
+            else []
+        ),
         f"- Timed cells: median of {runs} runs, [min-max].",
         "- These VMs change speed within minutes and may share their cores with other jobs: "
         "the figures are indicative; compare within one run.",

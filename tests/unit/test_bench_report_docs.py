@@ -216,3 +216,24 @@ def test_a_partial_report_still_writes(tmp_path: Path) -> None:
     assert "## 1. Bytes per request" in text and "## 2. Render" not in text
     assert (tmp_path / "payload_by_resolution.png").exists()
     assert not (tmp_path / "rollout.png").exists()
+
+
+def test_an_update_keeps_the_sections_it_does_not_measure_and_names_their_run(
+    tmp_path: Path,
+) -> None:
+    from tools.bench_report import keep_sections
+
+    old = report()
+    old["meta"] = {"started": "2026-11-01 10:00 UTC", "machine": {"commit": "abc1234"}}
+    old["failures"] = ["scaling, upstream pair: RuntimeError: it died", "front door: it hung"]
+    new = {"meta": {"started": "2026-11-29 16:00 UTC"}, "front_door": {}, "failures": []}
+    keep_sections(old, new, {"front_door"})
+    assert new["payload"] is old["payload"] and new["front_door"] == {}
+    assert new["meta"]["kept"]["scaling"] == {
+        "started": "2026-11-01 10:00 UTC",
+        "commit": "abc1234",
+    }
+    # The failure of a part measured again is gone; a kept part's is marked as the old run's.
+    assert new["failures"] == ["(an earlier run) scaling, upstream pair: RuntimeError: it died"]
+    text = write_report(new, tmp_path).read_text()
+    assert "Kept from earlier runs (`--update` measured the rest): payload (2026-11-01" in text
