@@ -42,7 +42,7 @@ help:
 	@echo "make soak        render + generate + front door under saturating mixed load through the door (SOAK_SECONDS, 600); plot in .cache/soak"
 	@echo "make chaos       render + 3 generate nodes + the front door under a seeded nemesis (kills, SIGSTOPs, partitions, cut updates) while TRL's weight updates and clients run; checks the fleet's invariants (CHAOS_SECONDS, 600; CHAOS_SEED, random and printed)"
 	@echo "make models      build the tiny test models into .cache/models"
-	@echo "make bench       the end-to-end report (under 20 min): every comparison side by side -> docs/bench"
+	@echo "make bench       the end-to-end report (under an hour): every comparison side by side, the front door vs vllm serve included -> docs/bench"
 	@echo "make bench-wire  wire codec throughput and bytes: ours (JSON, binary, elided) vs vLLM's serde"
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make bench-generate  render->generate vs upstream's pair and monolithic server (API CPU/request)"

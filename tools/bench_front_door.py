@@ -6,12 +6,15 @@ with render's msgpack output as the body (one noise image per chat, small and la
 and the p50 latency it adds. Targets: <= 1 ms CPU per MB, <= 2 ms added p50.
 (b) OpenAI ``/v1/chat/completions`` through the front door (render, then one generate, then
 vLLM's detokenizer in the door) against upstream's monolithic ``vllm serve``, on the same model
-with the same engine options and environment: one 448x448 noise image per chat (a new image for
-every request, the same images on both sides), greedy, max_tokens 8. p50 latency at concurrency
-1 and req/s at concurrency 8, and each side's CPU per request by process (engine cores
-included, listed apart). Targets: c=1 p50 <= 1.15x ``vllm serve``'s, c=8 req/s >= 0.9x.
-One side at a time: one side's servers are started, measured and stopped before the other's
-start (two CPU engines alive on 2 cores starve each other), ``--rounds`` times, alternating.
+with the same engine options and environment: one 448x448 noise image, or three 720p photos,
+per chat (new images for every request, the same images on both sides), greedy, max_tokens 8.
+p50 latency at concurrency 1 and req/s at concurrency 8, and each side's CPU per request by
+process (engine cores included, listed apart). The door sides (``--door-configs``): the
+services' defaults, ``--render inline``, render and generate on Unix-domain sockets, one worker
+each. Targets (``TARGETS``, ``TARGET_BENCH_*``): c=8 req/s and ``vllm bench serve`` req/s >=
+1.0x ``vllm serve``'s, c=1 p50 and TTFT <= 1.1x. One side at a time: one side's servers are
+started, measured and stopped before the next one's start (two CPU engines alive on 2 cores
+starve each other), ``--rounds`` times. ``make bench`` keeps the same section (``section``).
 Both engines get vLLM's default OpenMP thread binding (``VLLM_CPU_OMP_THREADS_BIND=auto``;
 ``make`` exports ``nobind`` for everything else). On each side, vLLM's own benchmark client
 (``vllm bench serve``: openai-chat backend, random-mm dataset, one 448x448 image, 8 tokens with
