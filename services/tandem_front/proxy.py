@@ -143,13 +143,16 @@ def upstream_failure(exc: BaseException, node: Node) -> FrontError:
     return UpstreamError(f"{node.tier} node {node.url}: the connection failed ({name})")
 
 
+def _typed(exc: BaseException, request_id: str) -> tuple[int, str, str]:
+    """``exc`` as an answer's error: status, type and message (``internal_error`` if a bug)."""
+    if isinstance(exc, TandemHTTPError):
+        return exc.status_code, exc.type, exc.message
+    return 500, error_types.INTERNAL_ERROR, f"internal error (request id {request_id})"
+
+
 def error_event(exc: BaseException, request_id: str) -> bytes:
     """One SSE event carrying ``exc`` as a typed error (``internal_error`` if it is a bug)."""
-    if isinstance(exc, TandemHTTPError):
-        status, type_, message = exc.status_code, exc.type, exc.message
-    else:
-        status, type_ = 500, error_types.INTERNAL_ERROR
-        message = f"internal error (request id {request_id})"
+    status, type_, message = _typed(exc, request_id)
     body = error_body(
         WireFormat.JSON, status_code=status, type=type_, message=message, request_id=request_id
     )
@@ -158,11 +161,7 @@ def error_event(exc: BaseException, request_id: str) -> bytes:
 
 def error_frame(exc: BaseException, request_id: str) -> bytes:
     """The binary stream's ``ERROR`` frame carrying ``exc`` as ``error_event`` carries it."""
-    if isinstance(exc, TandemHTTPError):
-        status, type_, message = exc.status_code, exc.type, exc.message
-    else:
-        status, type_ = 500, error_types.INTERNAL_ERROR
-        message = f"internal error (request id {request_id})"
+    status, type_, message = _typed(exc, request_id)
     info = ErrorInfo(type=type_, message=message, code=status, request_id=request_id)
     return encode_error_frame(ErrorBody(info))
 
