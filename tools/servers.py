@@ -15,6 +15,18 @@ from pathlib import Path
 
 import httpx
 
+from tools.warm_start import WarmChild, WarmParent
+
+_warm_parent: WarmParent | None = None
+
+
+def fork_servers_from(parent: WarmParent | None) -> None:
+    """Start the servers whose command and environment allow it by forking them from
+    ``parent`` (the test session's warm parent, ``tools.warm_start``); None: as fresh
+    interpreters again, as everything but the test session does."""
+    global _warm_parent
+    _warm_parent = parent
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -46,11 +58,16 @@ class ServerProcess:
 
     def _launch(self) -> None:
         self._log_file = self.log.open("wb")
+        env = {**os.environ, **(self.env or {})}
+        self.proc: subprocess.Popen[bytes] | WarmChild
+        if _warm_parent is not None and _warm_parent.can_fork(self.args, env):
+            self.proc = _warm_parent.spawn(self.args, env, self.log)
+            return
         self.proc = subprocess.Popen(
             self.args,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(self.env or {})},
+            env=env,
             start_new_session=True,  # its workers are stopped with it
         )
 
@@ -144,6 +161,14 @@ def serving(procs: Collection[ServerProcess], timeout: float = 180.0) -> Iterato
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def service_command(module: str, *args: str) -> list[str]:
+    """One of our services by the command users run, the console script the package installs
+    beside this interpreter (``tandem_render`` -> ``tandem-render``); ``python -m`` where the
+    package is not installed."""
+    script = Path(sys.executable).with_name(module.replace("_", "-"))
+    return [str(script), *args] if script.exists() else python_module(module, *args)
 
 
 # The four servers tests and benchmarks start, each on 127.0.0.1 and a free port.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tools.servers import (
+    fork_servers_from,
     serving,
     tandem_front,
     tandem_generate,
@@ -13,6 +16,7 @@ from tools.servers import (
     upstream_serve,
 )
 from tools.tiny_models import ensure_model
+from tools.warm_start import WarmParent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -20,6 +24,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     fleet (three engines) lives until the session ends, and a second fleet beside it would not
     fit this machine's memory (24 GiB)."""
     items.sort(key=lambda item: item.get_closest_marker("own_fleet") is None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_parent():
+    """Servers forked from one parent that has imported vLLM, torch and transformers (see
+    ``tools.warm_start``): each start skips ~6 s of imports. ``TANDEM_WARM_START=0`` starts
+    every server as a fresh interpreter instead; ``test_examples`` always does (``make demo``
+    runs the commands users run)."""
+    if os.environ.get("TANDEM_WARM_START", "1") == "0":
+        yield None
+        return
+    parent = WarmParent.start()
+    fork_servers_from(parent)
+    try:
+        yield parent
+    finally:
+        fork_servers_from(None)
+        parent.stop()
 
 
 @pytest.fixture(scope="session")
