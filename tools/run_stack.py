@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.servers import ServerProcess, python_module, weight_transfer_args
+from tools.servers import ServerProcess, service_command, weight_transfer_args
 
 ROOT = Path(__file__).resolve().parent.parent
 MEDIA = ("image", "video", "audio")
@@ -83,13 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     render_args = ["--model", model, "--port", str(args.render_port), *embeds]
     if args.render_workers:
         render_args += ["--workers", str(args.render_workers)]
-    render = ServerProcess("render", python_module("tandem_render", *render_args), args.render_port)
+    render = ServerProcess(
+        "render", service_command("tandem_render", *render_args), args.render_port
+    )
     servers: dict[str, ServerProcess] = {}
     Path(args.weight_dir).mkdir(parents=True, exist_ok=True)
     generates = [
         ServerProcess(
             f"generate-{i}",
-            python_module(
+            service_command(
                 "tandem_generate",
                 "--model",
                 model,
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         # once render's and generate's do.
         front = ServerProcess(
             "front",
-            python_module(
+            service_command(
                 "tandem_front",
                 "--model",
                 model,
