@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# Each session ends with its time per module (tests/support/module_clock.py).
+pytest_plugins = ["tests.support.module_clock"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Set before anything imports transformers or vLLM: nothing may reach a model hub, and the CPU
