@@ -29,13 +29,14 @@ FRONT_PORT ?= 8000
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models docs test test-unit fuzz soak chaos lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door bench-stream run-render run-generate run demo clean
+.PHONY: help setup models docs test test-unit test-integration check fuzz soak chaos lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door bench-stream run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + $(GENERATE_NODES) generate nodes + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
 	@echo "make demo        the same, but stop after the example"
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
-	@echo "make test        set up if needed, lint, build the docs, then run the test suite"
+	@echo "make test        set up if needed, lint, build the docs, then run the test suite (unit, then integration)"
+	@echo "make check       the inner loop, under 10 minutes: lint, the unit suite, one chat through render, generate and the door"
 	@echo "make docs        build the documentation site into site/ (mkdocs build --strict: broken links fail)"
 	@echo "make lint        ruff + mypy"
 	@echo "make fuzz        the fuzzers' long form (TANDEM_FUZZ_COUNT mutants per route, 3000; TANDEM_SCHEMA_FUZZ_COUNT schemathesis examples per operation, 200)"
@@ -73,19 +74,31 @@ format: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-# Two sessions, unit then integration, both run whichever fails (a -k that selects nothing in
-# one, pytest's exit 5, is no failure): the integration suite's shared fleet then never idles
-# beside the unit suite, whose own engines have stopped before the fleet starts. The unit suite
-# runs on UNIT_WORKERS workers, a module's tests on one (its engine and fixtures are shared):
-# alone it keeps one core busy, the integration suite's processes keep both.
+# Two sessions, unit then integration, both run whichever fails: the integration suite's shared
+# fleet then never idles beside the unit suite, whose own engines have stopped before the fleet
+# starts. The unit suite runs on UNIT_WORKERS workers, a module's tests on one (its engine and
+# fixtures are shared): alone it keeps one core busy, the integration suite's processes keep
+# both. Each session ends with its time per module (also in .cache/test-times/).
 test: lint docs
 	status=0; \
-	$(UNIT_PYTEST) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
-	$(PY) -m pytest tests/integration $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
+	$(MAKE) --no-print-directory test-unit || status=$$?; \
+	$(MAKE) --no-print-directory test-integration || status=$$?; \
 	exit $$status
 
+# A -k that selects nothing in one session (pytest's exit 5) is no failure.
 test-unit: setup
-	$(UNIT_PYTEST) $(PYTEST_ARGS)
+	$(UNIT_PYTEST) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
+
+test-integration: setup
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
+
+# The inner loop (under 10 minutes on two cores): lint, the unit suite, and one chat with an
+# image through render, generate and the door with the OpenAI SDK.
+check: lint
+	status=0; \
+	$(MAKE) --no-print-directory test-unit || status=$$?; \
+	$(PY) -m pytest tests/integration/test_smoke.py $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
 
 # The fuzz suites' long form (CI runs 150 mutants per route and 10 schema examples per operation
 # and mode inside `make test`).
