@@ -21,8 +21,8 @@ Chat and TRL requests are n=1 (greedy) or n=4 (seeded). Pass:
 - each answer's tokens equal those of the same request replayed alone, direct (a sample; a
   Response's text equals the replay's tokens decoded);
 - RSS of every process flat after warm-up (within max(64 MiB, 5%)), at the caches' default
-  byte budgets (generate's item store and oneDNN's kernel cache at smaller ones, so that they
-  fill during the run);
+  byte budgets (generate's item store, the door's Responses store and oneDNN's kernel cache at
+  smaller ones, so that they fill during the run);
 - every 429 came from a process full by its own count (the pending requests or held bytes the
   429 reports against its limits);
 - hostile clients mixed in: bodies that trickle (each answered 408 ``body_timeout``),
@@ -77,6 +77,7 @@ INFLATED_BYTES = 8 * 2**20
 """What each compressed hostile body inflates to (from ~1 KB)."""
 ROLLOUT_PROMPTS = 2
 GENERATE_ITEM_CACHE_BYTES = 256 * 2**20
+DOOR_RESPONSES_STORE_BYTES = 16 * 2**20
 KINDS = ("chat", "chat", "trl", "trl", "rollout", "responses")
 RESPONSE_ENDS = frozenset({"completed", "failed", "cancelled", "incomplete"})
 """A stored response's statuses once its run has ended."""
@@ -186,7 +187,8 @@ class Overload:
 class Stack:
     """The three services as processes (generate taking weight updates from a temporary folder,
     the door keeping Responses), every cache at its default budget but generate's item store
-    (``GENERATE_ITEM_CACHE_BYTES``)."""
+    (``GENERATE_ITEM_CACHE_BYTES``) and the door's Responses store
+    (``DOOR_RESPONSES_STORE_BYTES``)."""
 
     def __init__(self, model: str, generate_max_pending: int) -> None:
         self._weights = tempfile.TemporaryDirectory(prefix="tandem-soak-weights-")
@@ -211,6 +213,11 @@ class Stack:
                 self.render.url,
                 self.generate.url,
                 "--enable-control-routes",
+                # Small enough to fill and evict within a minute, as the item store above: a
+                # minute on an AVX-512 machine stored ~100 MiB of its 256 MiB default while
+                # RSS was measured, growth that was the store filling, not a leak.
+                "--responses-store-bytes",
+                str(DOOR_RESPONSES_STORE_BYTES),
                 workers=1,
                 # The Responses store, as vllm serve turns it on: background Responses need it.
                 env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"},

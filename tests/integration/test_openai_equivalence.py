@@ -226,9 +226,11 @@ def test_eos_ignore_eos_and_special_tokens(urls, stream):
 
 
 @pytest.mark.xfail(
-    strict=True,
+    # Not strict: it fails on AVX2 machines (CI on 2026-11-28, and after) and passes on
+    # AVX-512 ones (2026-12-06, all four cases), whose kernels rank that candidate otherwise.
+    strict=False,
     reason=(
-        "open (first failed in CI on 2026-11-28): the door's answer "
+        "open (first failed in CI on 2026-11-28, on AVX2 machines): the door's answer "
         "names one candidate at the last position (token 159, a byte-fallback piece vllm serve "
         "writes as '') ' start'; the tokens, the sampled texts and every other logprob agree"
     ),
