@@ -15,7 +15,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 
 from tools.tiny_families import FAMILIES  # noqa: E402
-from tools.tiny_models import MARKER, build_model, ensure_model  # noqa: E402
+from tools.tiny_models import MARKER, build_model, cache_root, ensure_model  # noqa: E402
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -23,8 +23,10 @@ from PIL import Image  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tiny-families")
+def models_root() -> Path:
+    """The suite's shared model cache: what is built here the family suite serves, and the
+    rebuild below is compared with a build of another process, maybe of an earlier run."""
+    return cache_root()
 
 
 # For one 224x224 image: the image token as the processor names it, how many positions its

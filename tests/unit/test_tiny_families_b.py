@@ -14,7 +14,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from tools.tiny_families import FAMILIES  # noqa: E402
-from tools.tiny_models import build_model  # noqa: E402
+from tools.tiny_models import MARKER, build_model, ensure_model  # noqa: E402
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -42,7 +42,9 @@ MESSAGES = [
 
 def _tree(root: Path) -> dict[str, bytes]:
     return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MARKER
     }
 
 
@@ -56,17 +58,18 @@ def test_families_listed() -> None:
 @pytest.fixture(scope="module", params=sorted(EXPECTED))
 def built(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[str, Path]:
-    """Family ``request.param`` built twice (``a``, ``b``); the test below checks they are equal."""
-    root = tmp_path_factory.mktemp("family")
-    build_model(request.param, root / "a")
-    build_model(request.param, root / "b")
-    return request.param, root
+) -> tuple[str, Path, Path]:
+    """Family ``request.param`` built twice, in the suite's shared cache (by this process or
+    another, maybe in an earlier run; the family suite serves that copy) and afresh here: its
+    name and both folders. The test below checks they are equal."""
+    fresh = tmp_path_factory.mktemp("family") / request.param
+    build_model(request.param, fresh)
+    return request.param, ensure_model(request.param), fresh
 
 
-def test_build_is_byte_identical(built: tuple[str, Path]) -> None:
-    _, root = built
-    a, b = _tree(root / "a"), _tree(root / "b")
+def test_build_is_byte_identical(built: tuple[str, Path, Path]) -> None:
+    _, cached, fresh = built
+    a, b = _tree(cached), _tree(fresh)
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(a)
     assert sorted(a) == sorted(b)
     for name in a:
@@ -74,15 +77,14 @@ def test_build_is_byte_identical(built: tuple[str, Path]) -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_processor_places_one_image(built: tuple[str, Path]) -> None:
+def test_vllm_processor_places_one_image(built: tuple[str, Path, Path]) -> None:
     pytest.importorskip("vllm")
     from vllm.config import ModelConfig
     from vllm.multimodal import MULTIMODAL_REGISTRY
     from vllm.multimodal.processing import ProcessorInputs, TimingContext
 
-    name, root = built
+    name, model_dir, _ = built
     want = EXPECTED[name]
-    model_dir = root / "a"
     config = ModelConfig(model=str(model_dir), max_model_len=4096, enforce_eager=True)
     assert config.architectures == [FAMILIES[name].architecture]
     processor = MULTIMODAL_REGISTRY.create_processor(config)

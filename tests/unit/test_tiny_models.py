@@ -18,6 +18,7 @@ from tools.tiny_models import (  # noqa: E402
     MODELS,
     VISION_MODELS,
     build_model,
+    cache_root,
     ensure_model,
 )
 
@@ -48,8 +49,9 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="session")
-def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tiny-models")
+def models_root() -> Path:
+    """The suite's shared model cache (the engines of both suites serve these copies)."""
+    return cache_root()
 
 
 @pytest.fixture(scope="session", params=VISION_MODELS)
