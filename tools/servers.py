@@ -58,7 +58,10 @@ class ServerProcess:
 
     def _launch(self) -> None:
         self._log_file = self.log.open("wb")
-        env = {**os.environ, **(self.env or {})}
+        # With a warm parent, every server gets the environment the parent started with: the
+        # test process's later imports (TRL's, vLLM's) add variables no server should inherit.
+        base = os.environ if _warm_parent is None else _warm_parent.environment
+        env = {**base, **(self.env or {})}
         self.proc: subprocess.Popen[bytes] | WarmChild
         if _warm_parent is not None and _warm_parent.can_fork(self.args, env):
             self.proc = _warm_parent.spawn(self.args, env, self.log)

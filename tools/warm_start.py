@@ -12,10 +12,15 @@ What stays as it was, and why it is safe:
 - The parent is single-threaded when it forks (it checks; a thread started by an import would
   make the fork unsafe, and it then refuses to serve). No OpenMP pool, event loop or engine
   exists in it: those start in the child, as in a fresh process.
-- A child gets the environment the test process asked for, and only an environment equal to
-  the parent's (test-local variables aside) is forked: a variable read at import time (libgomp's
-  ``OMP_NUM_THREADS``, transformers' offline flags) is then the one the imports saw.
-  ``tools.servers`` starts everything else as a fresh interpreter.
+- Only a server whose environment is the one the parent imported under (test-local variables
+  aside) is forked: a variable read at import time (libgomp's ``OMP_NUM_THREADS``,
+  transformers' offline flags, vLLM's log level) is then the one the imports saw. The child
+  keeps the parent's environment as its imports left it (vLLM's own settings, such as
+  ``TORCHINDUCTOR_COMPILE_THREADS``, included), which is what a fresh interpreter has once it
+  has imported the same. ``tools.servers`` starts everything else as a fresh interpreter, and
+  gives every server the environment the parent started with (:attr:`WarmParent.environment`),
+  not what the test process's own imports add to it later (TRL's import sets
+  ``VLLM_LOGGING_LEVEL``, vLLM's its torch settings).
 - What a server spawns itself (vLLM's engine core, uvicorn workers) is spawned as before: a
   fresh interpreter that imports what it needs, and pickles what it is given.
 - ``random`` is reseeded in each child by CPython's own at-fork hook.
@@ -110,7 +115,9 @@ class WarmParent:
         self._log = log
         self._conn: tuple[socket.socket, Any] | None = None
         self._lock = threading.Lock()
-        self._env = comparable_env(os.environ)
+        self.environment = comparable_env(os.environ)
+        """The environment the parent was started with (and imported under)."""
+        self._env = comparable_env(self.environment)
         self._cwd = os.getcwd()  # the parent's, and its sys.path[0]
 
     @classmethod
@@ -208,8 +215,11 @@ def _run_child(request: dict[str, Any], held: list[socket.socket]) -> None:
         os.dup2(fd, target)
     os.close(out)
     os.close(devnull)
-    os.environ.clear()
-    os.environ.update(request["env"])
+    # The parent's environment as its imports left it; only the test-local variables differ.
+    for name in TEST_LOCAL_ENV:
+        os.environ.pop(name, None)
+        if name in request["env"]:
+            os.environ[name] = request["env"][name]
     _, _, module, *args = request["argv"]
     # A fresh `python -m` holds the module only as __main__: run it anew, not the preloaded copy.
     for name in (module, f"{module}.__main__"):
