@@ -1,7 +1,7 @@
 """Server processes forked from a warm parent, for the test session.
 
 Every server the integration suite starts (``python -m tandem_generate``, ``vllm serve``'s
-module, ...) spends its first seconds importing vLLM, torch and transformers: about 6 s of one
+module, ...) spends its first seconds importing vLLM, torch and transformers: about 8 s of one
 core here, on each of the suite's ~100 starts. The warm parent imports them once and forks each
 server from that state instead of executing a new interpreter; the child then runs the server's
 module as ``python -m`` would (``runpy``, ``__main__``, the same ``sys.argv``), in its own
@@ -116,8 +116,8 @@ class WarmParent:
         self._conn: tuple[socket.socket, Any] | None = None
         self._lock = threading.Lock()
         self.environment = comparable_env(os.environ)
-        """The environment the parent was started with (and imported under)."""
-        self._env = comparable_env(self.environment)
+        """The environment the parent was started with (and imported under), test-local
+        variables aside."""
         self._cwd = os.getcwd()  # the parent's, and its sys.path[0]
 
     @classmethod
@@ -141,11 +141,13 @@ class WarmParent:
         by this interpreter, in the environment the parent imported under."""
         is_module = args[:2] == [sys.executable, "-m"] and len(args) > 2
         same_place = os.getcwd() == self._cwd
-        return is_module and same_place and comparable_env(env) == self._env
+        return is_module and same_place and comparable_env(env) == self.environment
 
     def spawn(self, args: list[str], env: Mapping[str, str], log: Path) -> WarmChild:
-        """Fork a server running ``args`` (``python -m module ...``) with output to ``log``."""
-        request = {"start": {"argv": args, "env": dict(env), "log": str(log)}}
+        """Fork a server running ``args`` (``python -m module ...``) with output to ``log``;
+        ``env`` is one :meth:`can_fork` took, so only its test-local variables are sent."""
+        test_local = {k: env[k] for k in TEST_LOCAL_ENV if k in env}
+        request = {"start": {"argv": args, "test_env": test_local, "log": str(log)}}
         pid = self._ask(request)
         if not isinstance(pid, int):
             raise WarmParentError(f"the warm parent did not start {args}: {pid}")
@@ -218,8 +220,8 @@ def _run_child(request: dict[str, Any], held: list[socket.socket]) -> None:
     # The parent's environment as its imports left it; only the test-local variables differ.
     for name in TEST_LOCAL_ENV:
         os.environ.pop(name, None)
-        if name in request["env"]:
-            os.environ[name] = request["env"][name]
+        if name in request["test_env"]:
+            os.environ[name] = request["test_env"][name]
     _, _, module, *args = request["argv"]
     # A fresh `python -m` holds the module only as __main__: run it anew, not the preloaded copy.
     for name in (module, f"{module}.__main__"):

@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def warm_parent():
     """Servers forked from one parent that has imported vLLM, torch and transformers (see
-    ``tools.warm_start``): each start skips ~6 s of imports. ``TANDEM_WARM_START=0`` starts
+    ``tools.warm_start``): each start skips ~8 s of imports. ``TANDEM_WARM_START=0`` starts
     every server as a fresh interpreter instead; ``test_examples`` always does (``make demo``
     runs the commands users run)."""
     if os.environ.get("TANDEM_WARM_START", "1") == "0":
