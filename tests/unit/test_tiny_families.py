@@ -1,5 +1,6 @@
 """The tiny checkpoints of the families beyond Qwen: byte-identical rebuilds, and vLLM's own
-processor (no engine) places each image (and video) as the real model's would."""
+processor (no engine) places each image (and video) as the real model's would; its items reach
+generate's engine inputs as it made them (``tests.support.item_layout``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.support.item_layout import assert_engine_gets_processor_items  # noqa: E402
 from tools.tiny_families import FAMILIES  # noqa: E402
 from tools.tiny_models import MARKER, build_model, cache_root, ensure_model  # noqa: E402
 
@@ -101,6 +103,8 @@ def _placeholders(model_dir: Path, media: dict[str, Any], content: list[dict[str
     prompt = tokenizer.encode(text, add_special_tokens=False)
     items = processor.info.parse_mm_data(media)
     result = processor.apply(ProcessorInputs(prompt, items), TimingContext(enabled=False))
+    # What generate hands the engine for these items is what this processor made.
+    assert assert_engine_gets_processor_items(processor.info.get_hf_processor(), result) > 0
     return tokenizer, result
 
 

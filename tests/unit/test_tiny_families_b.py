@@ -1,6 +1,7 @@
 """Tiny InternVL (HF), Mistral 3, GLM-4.1V and Cohere2-Vision models: byte-identical rebuilds,
 and vLLM's own processor (configs, tokenizer and processor files only: no weights, no engine)
-places one image's placeholders in a prompt their chat template rendered."""
+places one image's placeholders in a prompt their chat template rendered, and its items reach
+generate's engine inputs as it made them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.support.item_layout import assert_engine_gets_processor_items  # noqa: E402
 from tools.tiny_families import FAMILIES  # noqa: E402
 from tools.tiny_models import MARKER, build_model, ensure_model  # noqa: E402
 
@@ -96,6 +98,7 @@ def test_vllm_processor_places_one_image(built: tuple[str, Path, Path]) -> None:
     image = Image.new("RGB", (224, 224), (200, 40, 90))
     mm_items = processor.info.parse_mm_data({"image": [image]})
     result = processor.apply(ProcessorInputs(prompt, mm_items), TimingContext(enabled=False))
+    assert assert_engine_gets_processor_items(processor.info.get_hf_processor(), result) > 0
 
     (placeholder,) = result["mm_placeholders"]["image"]
     assert placeholder.get_num_embeds() == want["embeds"]

@@ -12,6 +12,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.support.item_layout import assert_engine_gets_processor_items  # noqa: E402
 from tools import tiny_models  # noqa: E402
 from tools.tiny_models import (  # noqa: E402
     AUDIO_MODELS,
@@ -197,9 +198,24 @@ def test_vllm_processor_loads_offline_and_places_image(model_dir: Path, vllm_pro
     assert ids.count(image_id) == expected
     assert len(ids) == len(prompt) - 1 + expected
 
+    assert assert_engine_gets_processor_items(vllm_processor.info.get_hf_processor(), result) > 0
+
     # vLLM's expansion matches the transformers processor token for token.
     hf = AutoProcessor.from_pretrained(model_dir)(text=[text], images=[_image()])
     assert ids == list(hf["input_ids"][0])
+
+
+@pytest.mark.vllm
+def test_vllm_processor_video_items_reach_generate_as_made(vllm_processor) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    # vLLM's video IO's metadata for such a clip, as generate's own probe sends it.
+    from tandem_generate.engine import _VIDEO_METADATA, process_one
+
+    # Four equal frames: the video's wire transforms have work to do.
+    frames = np.full((4, 64, 64, 3), 90, dtype=np.uint8)
+    result = process_one(vllm_processor, "video", (frames, _VIDEO_METADATA))
+    assert assert_engine_gets_processor_items(vllm_processor.info.get_hf_processor(), result) > 0
 
 
 # One second of audio at 16 kHz: 100 mel frames, halved twice by the encoder (vLLM's formula).
@@ -257,6 +273,7 @@ def test_vllm_processor_places_audio_as_transformers_does(audio_dir: Path) -> No
     result = proc.apply(ProcessorInputs(prompt, items), TimingContext(enabled=False))
     (placeholder,) = result["mm_placeholders"]["audio"]
     assert placeholder.length == EXPECTED_AUDIO_TOKENS
+    assert assert_engine_gets_processor_items(proc.info.get_hf_processor(), result) > 0
     hf = AutoProcessor.from_pretrained(audio_dir)(
         text=[text], audio=[_audio()], sampling_rate=16_000
     )
