@@ -48,7 +48,7 @@ help:
 	@echo "make bench-render  render service vs upstream vllm launch render (throughput, CPU/request)"
 	@echo "make bench-generate  render->generate vs upstream's pair and monolithic server (API CPU/request)"
 	@echo "make bench-weights  weight updates (tiny model, synthetic 1 GB) vs a plain copy of the bytes"
-	@echo "make bench-front-door  front door: proxied vs direct generate (CPU/MB, added p50); OpenAI chat vs vllm serve, one side at a time, and vllm bench serve on both"
+	@echo "make bench-front-door  front door: proxied vs direct generate (CPU/MB, added p50); OpenAI chat vs vllm serve, one side at a time, vllm bench serve on both, each engine's CPU split into its work and vLLM's busy-wait"
 	@echo "make bench-stream  the door's CPU per streamed token: generate's stream as SSE vs binary frames (in-process, no engine)"
 	@echo "make run-render  serve render on 127.0.0.1:$(RENDER_PORT) (MODEL=... or the tiny Qwen2-VL)"
 	@echo "make run-generate  serve generate on 127.0.0.1:$(GENERATE_PORT) (same model choice)"

@@ -11,14 +11,18 @@ per chat (new images for every request, the same images on both sides), greedy, 
 p50 latency at concurrency 1 and req/s at concurrency 8, and each side's CPU per request by
 process (engine cores included, listed apart). The door sides (``--door-configs``): the
 services' defaults, ``--render inline``, render and generate on Unix-domain sockets, one worker
-each. Targets (``TARGETS``, ``TARGET_BENCH_*``): c=8 req/s and ``vllm bench serve`` req/s >=
-1.0x ``vllm serve``'s, c=1 p50 and TTFT <= 1.1x. One side at a time: one side's servers are
+each. Targets (``TARGETS``, ``TARGET_BENCH_*``, ``TARGET_WORKER_WORK``): c=8 req/s >= 1.0x
+``vllm serve``'s, c=1 p50 <= 1.1x; under ``vllm bench serve`` req/s >= 0.9x, TTFT p50 <= 1.2x
+and the engine worker's work per request <= 1.05x. Each engine's CPU is split into its work
+and vLLM's busy-wait (``tools.engine_split``): a worker's process fills its core under load
+whatever it computes. One side at a time: one side's servers are
 started, measured and stopped before the next one's start (two CPU engines alive on 2 cores
 starve each other), ``--rounds`` times. ``make bench`` keeps the same section (``section``).
 Both engines get vLLM's default OpenMP thread binding (``VLLM_CPU_OMP_THREADS_BIND=auto``;
 ``make`` exports ``nobind`` for everything else). On each side, vLLM's own benchmark client
-(``vllm bench serve``: openai-chat backend, random-mm dataset, one 448x448 image, 8 tokens with
-ignore_eos) then reports TTFT, TPOT and req/s (read from its result JSON), and at c=1 the
+(``vllm bench serve``: openai-chat backend, random-mm dataset, one 448x448 image, 64 tokens in,
+16 out with ignore_eos, c=4, 160 prompts) then reports TTFT, TPOT and req/s (read from its result
+JSON) and the CPU split of each process under that load, and at c=1 the
 services' own metrics say where the door's time goes (render, generate, the rest).
 All on the tiny Qwen2-VL model, on this machine; the load generators share the cores.
 """
@@ -31,7 +35,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +47,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.images import chat_body, data_url, png_bytes
 from tools.bench_generate import MSGPACK, Result, Step, api_cpu, check, drive, quiet
 from tools.bench_report_docs import front_door_md
+from tools.engine_split import EngineSplit, engine_env, new_clock_dir
 from tools.servers import (
-    VLLM_DEFAULT_BINDING,
     ServerProcess,
     tandem_front,
     tandem_generate,
@@ -145,8 +149,11 @@ TARGETS = {
 }
 Target = dict[str, Any]
 """One target's verdict: what, measured (a ratio), goal, met."""
-TARGET_BENCH_RPS = 1.0
-TARGET_BENCH_TTFT = 1.1
+TARGET_BENCH_RPS = 0.9
+TARGET_BENCH_TTFT = 1.2
+TARGET_WORKER_WORK = 1.05
+"""The engine worker's work per request (its CPU less vLLM's busy-wait) under ``vllm bench
+serve``, door / vllm serve: the engine does no more for a request generate feeds it."""
 
 
 def photo_jpeg(seed: int) -> bytes:
@@ -176,6 +183,9 @@ class LoadResult:
     """CPU ms per request at c=8, by process."""
     hops: dict[str, float]
     """Mean ms per request at c=1, by hop (the services' own metrics)."""
+    engine_ms: dict[str, float] = field(default_factory=dict)
+    """The engine's CPU ms per request at c=8, work and vLLM's busy-wait apart, and its steps
+    per request (``EngineSplit.per_request``)."""
 
 
 @dataclass
@@ -186,6 +196,9 @@ class Side:
     loads: dict[str, LoadResult]
     bench: dict[str, Any] | None
     """``vllm bench serve``'s result JSON."""
+    bench_cpu: dict[str, dict[str, float]] | None = None
+    """Under ``vllm bench serve``: {"cpu_ms": by process, "engine_ms": the engine's split},
+    per request."""
 
 
 def process_cpu(servers: dict[str, ServerProcess]) -> dict[str, float]:
@@ -274,7 +287,7 @@ def hop_means(
 
 
 BENCH_CONCURRENCY = 4
-BENCH_PROMPTS = 32
+BENCH_PROMPTS = 160
 
 
 def vllm_bench_serve(url: str, model: str, out: Path, tag: str) -> dict[str, Any]:
@@ -335,7 +348,7 @@ DOOR_CONFIGS = {
 }
 
 
-def start_door(model: str, config: DoorConfig) -> dict[str, ServerProcess]:
+def start_door(model: str, config: DoorConfig, clock: str) -> dict[str, ServerProcess]:
     servers: dict[str, ServerProcess] = {}
     folder = tempfile.mkdtemp(prefix="tandem-sockets-") if config.sockets else None
     try:
@@ -343,7 +356,7 @@ def start_door(model: str, config: DoorConfig) -> dict[str, ServerProcess]:
             uds = f"{folder}/render.sock" if folder else None
             servers["render"] = tandem_render(model, workers=config.render_workers, uds=uds)
         uds = f"{folder}/generate.sock" if folder else None
-        servers["generate"] = tandem_generate(model, env=VLLM_DEFAULT_BINDING, uds=uds)
+        servers["generate"] = tandem_generate(model, env=engine_env(clock), uds=uds)
         if not config.inline:
             servers["render"].wait_healthy(300)
         servers["generate"].wait_healthy(600)
@@ -358,8 +371,8 @@ def start_door(model: str, config: DoorConfig) -> dict[str, ServerProcess]:
     return servers
 
 
-def start_serve(model: str) -> dict[str, ServerProcess]:
-    servers = {"vllm serve": upstream_serve(model, env=VLLM_DEFAULT_BINDING)}
+def start_serve(model: str, clock: str) -> dict[str, ServerProcess]:
+    servers = {"vllm serve": upstream_serve(model, env=engine_env(clock))}
     try:
         servers["vllm serve"].wait_healthy(600)
     except BaseException:
@@ -382,8 +395,12 @@ def chat_step(url: str, model: str, requests: list[list[str]]) -> Step:
     return step
 
 
+def engine_of(servers: dict[str, ServerProcess]) -> ServerProcess:
+    return next(s for name, s in servers.items() if name in ENGINE_SERVERS)
+
+
 async def measure_load(
-    label: str, servers: dict[str, ServerProcess], url: str, model: str, load: Load
+    label: str, servers: dict[str, ServerProcess], url: str, model: str, load: Load, clock: str
 ) -> LoadResult:
     pid = next(iter(servers.values())).proc.pid  # drive() wants one; CPU is read here instead
     # A new image set for every request (a repeat would hit render's and vLLM's caches), the
@@ -394,12 +411,12 @@ async def measure_load(
     sums0 = histogram_sums(servers)
     c1 = await drive(label, chat_step(url, model, at1), pid, len(at1), 1)
     hops = hop_means(sums0, histogram_sums(servers))
-    cpu0 = process_cpu(servers)
+    cpu0, split0 = process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
     c8 = await drive(label, chat_step(url, model, at8), pid, len(at8), 8)
-    cpu = process_cpu(servers)
+    cpu, split = process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
     done = max(1, len(c8.latencies) + len(c8.errors))
     cpu_ms = {k: (cpu[k] - cpu0[k]) / done * 1000 for k in cpu}
-    return LoadResult(c1, c8, cpu_ms, hops)
+    return LoadResult(c1, c8, cpu_ms, hops, split.per_request(split0, done))
 
 
 async def measure_side(
@@ -409,14 +426,22 @@ async def measure_side(
     model: str,
     args: argparse.Namespace,
     out: Path,
+    clock: str,
 ) -> Side:
     for s in servers.values():
         quiet(s, 20)
-    loads = {k: await measure_load(label, servers, url, model, LOADS[k]) for k in args.loads}
-    bench = None
-    if args.bench_serve:
-        bench = vllm_bench_serve(url, model, out, label.replace(" ", "-").replace("/", ""))
-    return Side(label, loads, bench)
+    loads = {k: await measure_load(label, servers, url, model, LOADS[k], clock) for k in args.loads}
+    if not args.bench_serve:
+        return Side(label, loads, None)
+    cpu0, split0 = process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
+    bench = vllm_bench_serve(url, model, out, label.replace(" ", "-").replace("/", ""))
+    cpu, split = process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
+    done = max(1, int(bench["completed"]))
+    bench_cpu = {
+        "cpu_ms": {k: (cpu[k] - cpu0[k]) / done * 1000 for k in cpu},
+        "engine_ms": split.per_request(split0, done),
+    }
+    return Side(label, loads, bench, bench_cpu)
 
 
 def _median(xs: list[float]) -> float:
@@ -449,12 +474,20 @@ def bench_targets(door: list[Side], serve: list[Side]) -> list[Target]:
     def med(sides: list[Side], key: str) -> float:
         return _median([float(s.bench[key]) for s in sides if s.bench])
 
+    def work(sides: list[Side]) -> float:
+        return _median([s.bench_cpu["engine_ms"]["worker work"] for s in sides if s.bench_cpu])
+
     rps = med(door, "request_throughput") / med(serve, "request_throughput")
     ttft = med(door, "median_ttft_ms") / med(serve, "median_ttft_ms")
-    return [
+    checks = [
         _check("vllm bench serve req/s, door / vllm serve", rps, None, TARGET_BENCH_RPS),
         _check("vllm bench serve TTFT p50, door / vllm serve", ttft, TARGET_BENCH_TTFT, None),
     ]
+    if all(s.bench_cpu for s in [*door, *serve]):
+        ratio = work(door) / work(serve)
+        what = "vllm bench serve: engine worker's work per request, door / vllm serve"
+        checks.append(_check(what, ratio, TARGET_WORKER_WORK, None))
+    return checks
 
 
 BENCH_KEYS = (
@@ -476,12 +509,15 @@ def side_record(side: Side, config: str, round_: int) -> dict[str, Any]:
             "c8_req_s": r.c8.throughput,
             "c8_p50_ms": r.c8.pct(50),
             "cpu_ms": r.cpu_ms,
+            "engine_ms": r.engine_ms,
             "errors": len(r.c1.errors) + len(r.c8.errors),
             "hops_c1_ms": r.hops,
         }
         for load, r in side.loads.items()
     }
     bench = {k: side.bench[k] for k in BENCH_KEYS} if side.bench else None
+    if bench is not None and side.bench_cpu is not None:
+        bench.update(side.bench_cpu)
     return {"side": side.label, "config": config, "round": round_, "loads": loads, "bench": bench}
 
 
@@ -519,6 +555,7 @@ async def door_vs_serve(model: str, args: argparse.Namespace) -> dict[str, Any]:
     """Part (b): each door config, then ``vllm serve``, one side at a time, ``args.rounds``
     times; the section ``make bench`` keeps (see ``section``)."""
     out = Path(tempfile.mkdtemp(prefix="bench-front-door-"))
+    clock = new_clock_dir()
     doors: dict[str, list[Side]] = {c: [] for c in args.door_configs}
     serve: list[Side] = []
     for _ in range(args.rounds):
@@ -526,18 +563,20 @@ async def door_vs_serve(model: str, args: argparse.Namespace) -> dict[str, Any]:
             if args.only == "serve":
                 break
             door = DOOR_CONFIGS[config]
-            servers = start_door(model, door)
+            servers = start_door(model, door, clock)
             try:
                 label = f"front door ({door.name})"
-                side = await measure_side(label, servers, servers["front"].url, model, args, out)
+                url = servers["front"].url
+                side = await measure_side(label, servers, url, model, args, out, clock)
                 doors[config].append(side)
             finally:
                 stop(servers)
         if args.only != "front":
-            servers = start_serve(model)
+            servers = start_serve(model, clock)
             try:
                 url = servers["vllm serve"].url
-                serve.append(await measure_side("vllm serve", servers, url, model, args, out))
+                side = await measure_side("vllm serve", servers, url, model, args, out, clock)
+                serve.append(side)
             finally:
                 stop(servers)
     print(f"(vllm bench serve result JSON in {out})", flush=True)

@@ -529,6 +529,7 @@ def front_door_md(section: dict[str, Any], losses: list[str]) -> list[str]:
                 for s in benches
             ],
         )
+    out += _engine_table(section, sides)
     targets = section.get("targets") or []
     if targets:
         out += ["Targets, on the median rounds:", ""]
@@ -547,6 +548,44 @@ def front_door_md(section: dict[str, Any], losses: list[str]) -> list[str]:
     for key, name in loads.items():
         out += _hop_table(section, sides, key, name)
     return out
+
+
+ENGINE_COLUMNS = (
+    ("worker", "worker"),
+    ("of it waiting", "worker waiting"),
+    ("worker's work", "worker work"),
+    ("core", "core"),
+    ("of it waiting", "core waiting"),
+    ("core's work", "core work"),
+)
+
+
+def _engine_table(section: dict[str, Any], sides: list[dict[str, Any]]) -> list[str]:
+    """Each engine's CPU per request, its work and vLLM's busy-wait apart, and its steps."""
+    rows = []
+    for s in sides:
+        measured = [
+            (name, (s["loads"].get(key) or {}).get("engine_ms"))
+            for key, name in (section.get("loads") or {}).items()
+        ]
+        measured.append(("vllm bench serve", (s.get("bench") or {}).get("engine_ms")))
+        for load, split in measured:
+            if split:
+                cells = [f"{split[key]:.1f}" for _, key in ENGINE_COLUMNS]
+                rows.append(
+                    [f"{s['side']}, round {s['round']}", load, *cells, f"{split['steps']:.1f}"]
+                )
+    if not rows:
+        return []
+    return [
+        "The engine's CPU, ms per request (at c=8, and under `vllm bench serve`): vLLM's engine "
+        "core and worker wait for each other spinning for a second after each message, so "
+        "under load the worker's process fills its core; its work is its CPU less that wait "
+        "(`tools/engine_split.py`). Steps: the engine steps run per request (fewer requests "
+        "batched together, more steps).",
+        "",
+        *table(["side", "load", *[c for c, _ in ENGINE_COLUMNS], "steps"], rows),
+    ]
 
 
 def _hop_table(

@@ -11,12 +11,14 @@ from tools.bench_front_door import (
     LOADS,
     LoadResult,
     Side,
+    bench_targets,
     hop_means,
     load_targets,
     photo_jpeg,
     section,
 )
 from tools.bench_generate import Result
+from tools.bench_report_docs import front_door_md
 
 
 def side(label: str, c1_ms: float, c8_rps: float, load: str = "448") -> Side:
@@ -72,3 +74,31 @@ def test_every_request_of_the_photo_load_gets_its_own_images():
     urls = [u for seed in range(3) for u in LOADS["720p"].urls(seed)]
     assert len(urls) == 9 and len(set(urls)) == 9
     assert photo_jpeg(4)[:3] == b"\xff\xd8\xff"  # a JPEG
+
+
+def bench_side(label: str, rps: float, ttft_ms: float, worker_work_ms: float) -> Side:
+    bench = {"request_throughput": rps, "median_ttft_ms": ttft_ms, "completed": 160}
+    bench |= {"num_prompts": 160, "median_tpot_ms": 2.0, "median_e2el_ms": 90.0}
+    split = {"worker": 40.0, "worker waiting": 40.0 - worker_work_ms, "worker work": worker_work_ms}
+    split |= {"core": 20.0, "core waiting": 17.0, "core work": 3.0, "steps": 5.0}
+    return Side(label, {}, bench, {"cpu_ms": {}, "engine_ms": split})
+
+
+def test_the_engine_worker_is_judged_on_its_work_not_its_cpu():
+    # Both workers fill their core (40 ms each at these rates); the door's does 10% more work.
+    door = [bench_side("front door", 27, 70, 22.0)]
+    serve = [bench_side("vllm serve", 30, 60, 20.0)]
+    rps, ttft, work = bench_targets(door, serve)
+    assert (rps["measured"], rps["met"]) == (0.9, True)
+    assert (ttft["measured"], ttft["met"]) == (1.167, True)
+    assert (work["measured"], work["goal"], work["met"]) == (1.1, "<= 1.05x", False)
+
+
+def test_the_report_shows_each_engine_split_under_vllm_bench_serve():
+    args = argparse.Namespace(loads=[], rounds=1, bench_serve=True)
+    out = section({"defaults": [bench_side("front door", 27, 70, 22.0)]}, [], args)
+    lines = front_door_md(out, [])
+    (row,) = [line for line in lines if line.startswith("| front door, round 1 | vllm bench")]
+    assert row == (
+        "| front door, round 1 | vllm bench serve | 40.0 | 18.0 | 22.0 | 20.0 | 17.0 | 3.0 | 5.0 |"
+    )
