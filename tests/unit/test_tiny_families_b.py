@@ -51,8 +51,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def test_families_listed() -> None:
-    for name in EXPECTED:
-        assert name in FAMILIES
+    # That every family is this module's or the twin's: test_tiny_families.py.
     assert FAMILIES["internvl-hf"].modalities == ("image", "video")
     assert FAMILIES["glm4.1v"].modalities == ("image", "video")
 
