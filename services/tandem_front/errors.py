@@ -12,6 +12,7 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamRefused",
     "ControlPartialFailure",
+    "DoorBusy",
 ]
 
 
@@ -39,6 +40,14 @@ class UpstreamTimeout(FrontError):
 
     status_code = 504
     type = error_types.UPSTREAM_TIMEOUT
+
+
+class DoorBusy(FrontError):
+    """The door's own connections to the tier were all in use for as long as it waits for
+    one (httpx's ``PoolTimeout``): the request never left the door, and no node is blamed."""
+
+    status_code = 503
+    type = error_types.OVERLOADED
 
 
 class UpstreamRefused(FrontError):

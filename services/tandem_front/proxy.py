@@ -43,7 +43,7 @@ from tandem_wire import (
 from tandem_wire.protocol import STREAM_FRAME_HEADER_BYTES, StreamFrameKind
 from tandem_wire.streams import encode_error_frame, is_stream_frames
 
-from .errors import FrontError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from .errors import DoorBusy, FrontError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from .metrics import FrontMetrics
 from .upstreams import Node, Upstreams
 
@@ -390,6 +390,14 @@ class Forwarder:
                     continue
                 raise UpstreamUnavailable(
                     f"no {tier} node could be reached (last: {node.url}: {type(exc).__name__})"
+                ) from None
+            except httpx.PoolTimeout:
+                # The door's own pool was full for the whole wait: the request never left,
+                # and the node is not at fault (no cool-down, still reachable).
+                node.pending -= 1
+                self.metrics.upstream_errors.labels(tier, node.url, "pool_full").inc()
+                raise DoorBusy(
+                    f"the door's connections to the {tier} nodes are all in use; try again"
                 ) from None
             except httpx.HTTPError as exc:
                 node.pending -= 1

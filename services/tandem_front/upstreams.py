@@ -172,6 +172,10 @@ class Upstreams:
             r = await self.http.request(
                 method, f"{node.url}{path}", headers=headers, content=body or None, timeout=timeout
             )
+        except httpx.PoolTimeout:
+            # The door's own connections were all in use: the node was not asked, so it
+            # neither cools down nor counts as unreachable (the step still failed on it).
+            return NodeAnswer(node.url, 0, "not asked: the door's connections were all in use")
         except httpx.HTTPError as exc:
             node.cool_down(time.monotonic(), s.node_cooldown_s)
             return NodeAnswer(node.url, 0, f"{type(exc).__name__}: {exc}")

@@ -84,6 +84,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     front.UpstreamUnavailable: tc.ServerError,
     front.UpstreamError: tc.ServerError,
     front.UpstreamTimeout: tc.ServerError,
+    front.DoorBusy: tc.OverloadedError,
     front.ControlPartialFailure: tc.FleetPartialFailure,
 }
 

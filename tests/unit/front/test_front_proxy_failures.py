@@ -120,6 +120,15 @@ class BadNode:
                 )
             elif self.mode == "hang":
                 await asyncio.sleep(3600)
+            elif self.mode == "trickle":  # an answer that keeps its connection: an event
+                writer.write(  # every 50 ms, well inside any read timeout
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                )
+                while True:
+                    writer.write(f"{len(FIRST_EVENT):x}\r\n".encode() + FIRST_EVENT + b"\r\n")
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
             await writer.drain()
         finally:
             writer.close()
@@ -127,11 +136,11 @@ class BadNode:
 
 class Mixed(httpx.AsyncBaseTransport):
     """In-process ASGI apps for the hosts named, real sockets for the rest (the pool that
-    tests look into)."""
+    tests look into, httpx's own, bounded by ``limits``)."""
 
-    def __init__(self, apps: dict[str, Any]) -> None:
+    def __init__(self, apps: dict[str, Any], limits: httpx.Limits | None = None) -> None:
         self.asgi = {h: httpx.ASGITransport(app=a) for h, a in apps.items()}
-        self.network = httpx.AsyncHTTPTransport()
+        self.network = httpx.AsyncHTTPTransport(limits=limits or httpx.Limits())
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         asgi = self.asgi.get(request.url.host)
@@ -431,6 +440,37 @@ async def test_connect_failure_timeout_and_reset_are_typed(mode, status, type_, 
         await transport.aclose()
     assert r.status_code == status
     assert r.json()["error"]["type"] == type_
+
+
+async def test_a_full_pool_is_the_doors_own_and_no_node_is_blamed():
+    # One connection in the door's pool, held by a stream the node keeps sending: the next
+    # request waits the pool's timeout (the read timeout) and never leaves the door.
+    async with BadNode("trickle") as node:
+        transport = Mixed({"r1": render_app()}, httpx.Limits(max_connections=1))
+        s = settings(
+            render_urls=("http://r1",),
+            generate_urls=(node.url,),
+            read_timeout_s=0.5,
+            control_timeout_s=0.5,
+        )
+        app = create_app(s, Texts(), transport)
+        async with app_client(app, raise_app_exceptions=False) as c:
+            raw = json.dumps(generate_body("held")).encode()
+            held = AsgiCall(app, "POST", GENERATE, raw, {"content-type": "application/json"})
+            assert await held.status() == 200
+            assert FIRST_EVENT in await held.chunk()  # the pool's one connection is taken
+            r = await c.post(GENERATE, json=generate_body("second"))
+            gen = app.state.upstreams.generate[0]
+            # And a control call (the fleet's poll, an update step) through the same pool.
+            asked = await app.state.upstreams.ask(gen, "GET", "/weight_info", b"", {})
+            blamed = (gen.down_until, gen.unreachable_since)
+            await held.hang_up()
+            assert (gen.pending, transport.checked_out()) == (0, 0)
+        await transport.aclose()
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "overloaded"
+    assert asked.status == 0  # not asked: the step it was part of failed on it
+    assert blamed == (0.0, None)  # not cooled down, not unreachable: it was never asked
 
 
 # -- 4. upstream headers on every path -------------------------------------------------------
