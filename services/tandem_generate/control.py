@@ -130,6 +130,12 @@ class EngineControl:
         """A collective backend joined the trainer's group (``/init_weight_transfer_engine``)."""
         self._caller_paused = False
         """A caller paused the engine (``/pause``): a finish leaves it paused."""
+        self._paused = False
+        """Whether the engine is paused, as this process left it (every pause and resume of
+        the engine goes through here): ``/weight_info`` answers from it and from ``_label``
+        without asking the engine, whose answers wait behind a chunk's or a finish's load."""
+        self._label: str | None = None
+        """vLLM's ``weight_version`` as this process last set or read it (None: not known)."""
         mc = engine.model_config
         # Nodes of one fleet serve one checkpoint under one name (their weights start equal).
         served = mc.served_model_name
@@ -143,12 +149,13 @@ class EngineControl:
             raise BadRequest(f"mode must be one of {', '.join(PAUSE_MODES)}", param="mode")
         async with self._freeze:
             await self.llm.pause_generation(mode=mode, clear_cache=clear_cache)  # type: ignore[arg-type]
-            self._caller_paused = True
+            self._caller_paused = self._paused = True
 
     async def resume(self) -> None:
         async with self._freeze:  # after a finish under way has reset the caches
             self._caller_paused = False
             await self.llm.resume_generation()
+            self._paused = False
 
     async def is_paused(self) -> bool:
         return bool(await self.llm.is_paused())
@@ -254,7 +261,10 @@ class EngineControl:
                     await self.llm.finish_weight_update(weight_version)
                 except Exception:
                     self.ledger.finish_failed()
+                    self._label = None  # relabelled or not: asked again
                     raise
+                if weight_version is not None:
+                    self._label = weight_version
                 self.ledger.finished()
                 try:
                     await self._reset_caches()
@@ -350,11 +360,13 @@ class EngineControl:
             paused_before = await self.llm.is_paused()
             if not paused_before:
                 await self.llm.pause_generation(mode="keep", clear_cache=False)
+                self._paused = True
             try:
                 yield
             finally:
                 if not paused_before and not self._caller_paused:
                     await self.llm.resume_generation()
+                    self._paused = False
 
     async def _reset_caches(self) -> None:
         """KV blocks and vision embeddings computed by the old weights must not be reused."""
@@ -390,15 +402,20 @@ class EngineControl:
 
     async def set_version(self, version: str) -> None:
         await self.llm.update_weight_version(version)
+        self._label = version
 
     async def weight_info(self) -> WeightInfo:
         """``/weight_info``: vLLM's ``weight_version`` and what the node loaded
-        (``tandem_wire.control.WeightInfo``)."""
-        label = str(await self.llm.get_weight_version())
+        (``tandem_wire.control.WeightInfo``), from this process's own record: it answers
+        while a chunk or a finish loads (an engine call would wait for the load, and a router
+        would take the node for gone). The label is asked of the engine only when not known
+        (at the first ask, and after a finish that failed)."""
+        if self._label is None:
+            self._label = str(await self.llm.get_weight_version())
         ready = self.backend == BACKEND or (self.backend is not None and self._transfer_ready)
-        info = self.ledger.info(label, WeightTransferState(self.backend, ready))
+        info = self.ledger.info(self._label, WeightTransferState(self.backend, ready))
         # A node that missed a /resume must get no requests: they would wait for one.
-        return msgspec.structs.replace(info, paused=await self.is_paused())
+        return msgspec.structs.replace(info, paused=self._paused)
 
     def world_size(self, include_dp: bool) -> int:
         pc = self.engine.vllm_config.parallel_config

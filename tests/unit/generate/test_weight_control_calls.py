@@ -11,6 +11,7 @@ engine's calls (the GPU backends, NCCL and IPC, cannot run here): a spy stands w
   load stays unclean through any reset, until every tensor is written again.
 - A failed finalize leaves the node unclean, whatever it was finishing or aborting.
 - A ``/resume`` while a finish holds the engine frozen waits until the caches are reset.
+- ``/weight_info`` answers while a finish loads (the engine's own answers wait for the load).
 - A finish is refused (and the update ended) when the node took other chunks than the caller
   sent; an update its trainer left is ended by a newer one's start, or once idle too long."""
 
@@ -45,8 +46,13 @@ class SpyLLM:
         """Set once a finish is under way (the load); it ends when ``let_finish`` is set."""
         self.let_finish: asyncio.Event | None = None
         self.paused_at_reset: list[bool] = []
+        self.between_loads = asyncio.Event()
+        """Clear while a load runs: vLLM's engine core answers its other calls (the pause
+        state, the label) between its collective calls, so those wait for it."""
+        self.between_loads.set()
 
     async def is_paused(self) -> bool:
+        await self.between_loads.wait()
         return self.paused
 
     async def pause_generation(self, *, mode: str, clear_cache: bool) -> None:
@@ -68,8 +74,12 @@ class SpyLLM:
     async def finish_weight_update(self, weight_version=None) -> None:
         self.calls.append(("finish", weight_version))
         self.finishing.set()
-        if self.let_finish is not None:
-            await self.let_finish.wait()
+        self.between_loads.clear()
+        try:
+            if self.let_finish is not None:
+                await self.let_finish.wait()
+        finally:
+            self.between_loads.set()
         if self.finish_fails:
             raise RuntimeError("finalize failed")
         if weight_version is not None:
@@ -84,7 +94,12 @@ class SpyLLM:
         self.calls.append(("reset_encoder",))
 
     async def get_weight_version(self) -> str:
+        await self.between_loads.wait()
         return self.version
+
+    async def update_weight_version(self, new_version: str) -> None:
+        self.calls.append(("relabel", new_version))
+        self.version = new_version
 
 
 def control(
@@ -273,6 +288,28 @@ async def test_a_resume_during_a_finish_waits_until_the_caches_are_reset(qwen2_d
     # No request ran between the load and the cache reset: the engine was frozen at the reset.
     assert llm.paused_at_reset == [True]
     assert llm.calls[-1] == ("resume",) and not llm.paused  # the caller's resume holds after
+
+
+async def test_weight_info_answers_while_a_finish_loads(qwen2_dir):
+    # The door's poll reaches the node mid-load: the engine would answer its calls only once
+    # the load ends, and a load longer than the poll's timeout would cool the node down.
+    ctl, llm = control(qwen2_dir, "nccl")
+    assert (await ctl.weight_info()).weight_version == "default"
+    await ctl.start_update()
+    await ctl.update(chunk(["lm_head.weight"]))
+    llm.let_finish = asyncio.Event()
+    finishing = asyncio.ensure_future(ctl.finish_update("step-1"))
+    await llm.finishing.wait()
+    try:
+        during = await asyncio.wait_for(ctl.weight_info(), 10)
+    finally:
+        llm.let_finish.set()
+        await finishing
+    assert (during.weight_version, during.paused, during.updating) == ("default", True, True)
+    after = await ctl.weight_info()
+    assert (after.weight_version, after.paused, after.updating) == ("step-1", False, False)
+    await ctl.set_version("step-1b")
+    assert (await ctl.weight_info()).weight_version == llm.version == "step-1b"
 
 
 async def test_a_finish_is_refused_when_the_node_took_other_chunks_than_the_caller_sent(
