@@ -460,12 +460,22 @@ class _DoorResponses(OpenAIServingResponses):
     store: _Store
 
     async def create_responses(self, request: ResponsesRequest, raw_request: Any = None) -> Any:
+        if request.background and request.stream:
+            self._forget_ended_run(request.request_id)
         answer = await super().create_responses(request, raw_request)
         if request.background and request.stream and not isinstance(answer, ErrorResponse):
             # The run's event store, made before its task makes it at its first step: the
             # stream handed back may be read first.
             self.event_store.setdefault(request.request_id, (deque(), asyncio.Event()))
         return answer
+
+    def _forget_ended_run(self, rid: str) -> None:
+        """A ``request_id`` used again once its run has ended starts a new run: its stream
+        is the new run's events, as ``vllm serve`` streams it, not the old run's kept ones
+        (the run's own store is made with ``setdefault``, which would keep them)."""
+        run = self.background_tasks.get(rid)
+        if run is None or run.done():
+            self.event_store.pop(rid, None)
 
     async def responses_full_generator(
         self, request: ResponsesRequest, *args: Any, **kwargs: Any

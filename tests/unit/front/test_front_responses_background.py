@@ -156,6 +156,35 @@ async def test_a_refused_background_stream_ends_with_an_error_event(stored):
         assert (await c.get(f"/v1/responses/{rid}")).json()["status"] == "failed"
 
 
+class FirstRefused:
+    """A generate answer: the first request refused (429), every later one ``then``'s."""
+
+    def __init__(self, then: Any) -> None:
+        self.then = then
+        self.asked = 0
+
+    def __call__(self, gen: Any) -> httpx.Response:
+        self.asked += 1
+        return refusing(429, "overloaded")(gen) if self.asked == 1 else self.then(gen)
+
+
+async def test_a_reused_request_id_streams_its_new_run_not_the_old_ones(stored, tokenizer):
+    # Before: the second run's stream replayed the first (failed) run's events.
+    tokens = ended(tokenizer, "hello there")
+    chunks = [[{"index": 0, "token_ids": tokens[:-1]}]]
+    chunks.append([{"index": 0, "token_ids": tokens[-1:], "finish_reason": "stop"}])
+    app = create_app(door_settings("m"), stored, Pair(FirstRefused(streamed(*chunks))))
+    body = {**ASK, "background": True, "stream": True, "request_id": "reused-id"}
+    async with app_client(app) as c:
+        first = sse((await asyncio.wait_for(c.post("/v1/responses", json=body), 30)).content)
+        assert [k for k, _ in first][-1] == "error"
+        second = sse((await asyncio.wait_for(c.post("/v1/responses", json=body), 30)).content)
+    kinds = [k for k, _ in second]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert text_of(second[-1][1]["response"]) == "hello there"
+
+
 # -- 3. background responses are held and bounded --------------------------------------------
 
 
