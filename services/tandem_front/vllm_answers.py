@@ -450,6 +450,15 @@ _LAST_EVENTS = frozenset({"response.completed", "error"})
 """The events a response's stream ends with (an ``error`` event: it failed)."""
 
 
+def _forget_ended_run(serving: OpenAIServingResponses, rid: str) -> None:
+    """A ``request_id`` used again once its run has ended starts a new run: its stream is the
+    new run's events, as ``vllm serve`` streams it, not the old run's kept ones (the run's own
+    store is made with ``setdefault``, which would keep them)."""
+    run = serving.background_tasks.get(rid)
+    if run is None or run.done():
+        serving.event_store.pop(rid, None)
+
+
 class _DoorResponses(OpenAIServingResponses):
     """vLLM's Responses serving with what its background mode lacks at the door: a run's
     event stream can be read before its task has started (vLLM hands it back right after
@@ -461,21 +470,13 @@ class _DoorResponses(OpenAIServingResponses):
 
     async def create_responses(self, request: ResponsesRequest, raw_request: Any = None) -> Any:
         if request.background and request.stream:
-            self._forget_ended_run(request.request_id)
+            _forget_ended_run(self, request.request_id)
         answer = await super().create_responses(request, raw_request)
         if request.background and request.stream and not isinstance(answer, ErrorResponse):
             # The run's event store, made before its task makes it at its first step: the
             # stream handed back may be read first.
             self.event_store.setdefault(request.request_id, (deque(), asyncio.Event()))
         return answer
-
-    def _forget_ended_run(self, rid: str) -> None:
-        """A ``request_id`` used again once its run has ended starts a new run: its stream
-        is the new run's events, as ``vllm serve`` streams it, not the old run's kept ones
-        (the run's own store is made with ``setdefault``, which would keep them)."""
-        run = self.background_tasks.get(rid)
-        if run is None or run.done():
-            self.event_store.pop(rid, None)
 
     async def responses_full_generator(
         self, request: ResponsesRequest, *args: Any, **kwargs: Any
