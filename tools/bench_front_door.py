@@ -399,6 +399,23 @@ def engine_of(servers: dict[str, ServerProcess]) -> ServerProcess:
     return next(s for name, s in servers.items() if name in ENGINE_SERVERS)
 
 
+Reading = tuple[dict[str, float], EngineSplit]
+"""Every process's CPU seconds and the engine's split, at one moment."""
+
+
+def reading(servers: dict[str, ServerProcess], clock: str) -> Reading:
+    return process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
+
+
+def per_request(
+    before: Reading, after: Reading, requests: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU ms per request by process, and the engine's split per request, between readings."""
+    (cpu0, split0), (cpu, split) = before, after
+    n = max(1, requests)
+    return {k: (cpu[k] - cpu0[k]) / n * 1000 for k in cpu}, split.per_request(split0, n)
+
+
 async def measure_load(
     label: str, servers: dict[str, ServerProcess], url: str, model: str, load: Load, clock: str
 ) -> LoadResult:
@@ -411,12 +428,12 @@ async def measure_load(
     sums0 = histogram_sums(servers)
     c1 = await drive(label, chat_step(url, model, at1), pid, len(at1), 1)
     hops = hop_means(sums0, histogram_sums(servers))
-    cpu0, split0 = process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
+    before = reading(servers, clock)
     c8 = await drive(label, chat_step(url, model, at8), pid, len(at8), 8)
-    cpu, split = process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
-    done = max(1, len(c8.latencies) + len(c8.errors))
-    cpu_ms = {k: (cpu[k] - cpu0[k]) / done * 1000 for k in cpu}
-    return LoadResult(c1, c8, cpu_ms, hops, split.per_request(split0, done))
+    cpu_ms, engine_ms = per_request(
+        before, reading(servers, clock), len(c8.latencies) + len(c8.errors)
+    )
+    return LoadResult(c1, c8, cpu_ms, hops, engine_ms)
 
 
 async def measure_side(
@@ -433,15 +450,10 @@ async def measure_side(
     loads = {k: await measure_load(label, servers, url, model, LOADS[k], clock) for k in args.loads}
     if not args.bench_serve:
         return Side(label, loads, None)
-    cpu0, split0 = process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
+    before = reading(servers, clock)
     bench = vllm_bench_serve(url, model, out, label.replace(" ", "-").replace("/", ""))
-    cpu, split = process_cpu(servers), EngineSplit.read(engine_of(servers), clock)
-    done = max(1, int(bench["completed"]))
-    bench_cpu = {
-        "cpu_ms": {k: (cpu[k] - cpu0[k]) / done * 1000 for k in cpu},
-        "engine_ms": split.per_request(split0, done),
-    }
-    return Side(label, loads, bench, bench_cpu)
+    cpu_ms, engine_ms = per_request(before, reading(servers, clock), int(bench["completed"]))
+    return Side(label, loads, bench, {"cpu_ms": cpu_ms, "engine_ms": engine_ms})
 
 
 def _median(xs: list[float]) -> float:

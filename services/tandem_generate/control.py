@@ -357,7 +357,7 @@ class EngineControl:
         queue), resumed after, unless a caller had paused it: then it stays paused. A
         ``/pause`` or ``/resume`` meanwhile waits until it is over."""
         async with self._freeze:
-            paused_before = await self.llm.is_paused()
+            paused_before = self._paused
             if not paused_before:
                 await self.llm.pause_generation(mode="keep", clear_cache=False)
                 self._paused = True
