@@ -32,7 +32,12 @@ observation (``check``):
   or from the node the request was on failing under it;
 - the fleet serves again within ``--node-timeout-s`` + one poll of the last fault healing, and
   after an update every node serves;
-- no process's RSS grows after warm-up by more than max(64 MiB, 5%).
+- no process's RSS grows after warm-up by more than max(64 MiB, 5%);
+- the checker is not blind: each judgement that needs a node's state and is not made is counted
+  with why (``Skip``: a change too recent for the door, a kill or SIGSTOP keeping the monitor
+  away, no answer with no fault to explain it, after the monitor stopped); a node with no
+  answer for longer than ``lapse_s`` and no fault explaining it, while a judgement needed it,
+  is a finding, and so is skipping more than ``UNJUDGED_SHARE`` of an invariant's judgements.
 
 A failing run prints its seed and the violations; ``--seed`` replays the same faults in the same
 order (timings are this machine's). The whole log is written to ``--out``.
@@ -44,6 +49,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import enum
 import io
 import json
 import os
@@ -98,6 +104,20 @@ CUTS = (
     ("/finish_weight_update",),
     ("/update_weights", "/abort_weight_update"),
 )
+BLINDING = ("kill", "stop")
+"""The faults that keep the monitor from a node's answers: it asks each node directly, not
+through its proxy, so a black hole, a delay or a cut leaves it seeing."""
+OBSERVE_TIMEOUT_S = 1.0
+"""How long the monitor waits for each of its two asks of a node (/weight_info, /is_paused)."""
+UNJUDGED_SHARE = 0.25
+"""The share of an invariant's judgements a run may skip. An honest run skips well under 1%
+(seed 76, 120 s: 21 of 12154 requests reaching a node, 3 as an update finished on a node back
+from a restart, 18 after the monitor stopped; none of its six 5xx), because a node telling a
+good state is judged however recently it began; a monitor that broke, or a state that never
+settles, skips most. A quarter sits far from both."""
+UNJUDGED_FEW = 3
+"""Skips a run may have whatever its size: a share of a handful says nothing (a hand-made log,
+a run with a few 5xx)."""
 
 
 @dataclass
@@ -122,6 +142,20 @@ class ChaosConfig:
         """How long a node's state may go unseen by the door (one poll) and by the monitor
         (its period, twice: before and after), plus half a second of scheduling."""
         return self.fence_poll_s + 2 * self.monitor_every_s + 0.5
+
+    @property
+    def fresh_s(self) -> float:
+        """How old a node's last answer to the monitor may be and still tell its state: two
+        periods, plus a second of the monitor's own lateness."""
+        return 2 * self.monitor_every_s + 1.0
+
+    @property
+    def lapse_s(self) -> float:
+        """How long the monitor may go without an answer from a node, no fault explaining it,
+        before that is a finding: two of its slowest rounds (a round waits for its slowest
+        node's two asks, each up to ``OBSERVE_TIMEOUT_S``, then its period). A shorter lapse is
+        the monitor running late on a loaded machine: what it skips counts toward the bound."""
+        return 2 * (2 * OBSERVE_TIMEOUT_S + self.monitor_every_s)
 
 
 class HarnessError(RuntimeError):
@@ -205,6 +239,9 @@ class Log:
     rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     final_fenced: dict[str, str | None] | None = None
     last_heal: float | None = None
+    monitor_stopped: float | None = None
+    """When the monitor stopped asking (None: it asked until ``end``): the last update and the
+    requests after it are not judged by what the nodes told."""
     end: float = 0.0
 
 
@@ -285,6 +322,43 @@ def newest_ids(updates: list[Update], t: float) -> set[str]:
     return ids
 
 
+class Skip(enum.StrEnum):
+    """Why a judgement that needed a node's state was not made."""
+
+    CHANGING = "changing"
+    """The node told a bad state it began telling within ``grace_s``, or an update finished
+    since it told: a change the door cannot have seen yet."""
+    FAULTED = "faulted"
+    """No recent answer from the node, and a kill (until its restart answered) or a SIGSTOP
+    explains why."""
+    UNSEEN = "unseen"
+    """No recent answer from the node and no fault to explain it: the monitor failed to see."""
+    UNWATCHED = "unwatched"
+    """After the monitor stopped (the last update and the requests after it)."""
+
+
+@dataclass
+class Coverage:
+    """How many of an invariant's judgements were due, and why those skipped were."""
+
+    due: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def unjudged(self) -> int:
+        return sum(self.skipped.values())
+
+    def skip(self, why: Skip) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+    def beyond_bound(self) -> bool:
+        return self.unjudged > max(UNJUDGED_SHARE * self.due, UNJUDGED_FEW)
+
+    def describe(self) -> str:
+        whys = ", ".join(f"{why} {n}" for why, n in sorted(self.skipped.items()))
+        return f"{self.due - self.unjudged} of {self.due} judged" + (f" ({whys})" if whys else "")
+
+
 class Checker:
     def __init__(self, log: Log, expected: Expected, cfg: ChaosConfig) -> None:
         self.log, self.expected, self.cfg = log, expected, cfg
@@ -292,9 +366,15 @@ class Checker:
         for o in sorted(log.obs, key=lambda o: o.t):
             self.by_node[o.node].append(o)
         self.times = {i: [o.t for o in obs] for i, obs in self.by_node.items()}
+        self.answered = {i: [o for o in obs if o.ok] for i, obs in self.by_node.items()}
+        self.answer_times = {i: [o.t for o in obs] for i, obs in self.answered.items()}
         self.reached: dict[str, list[tuple[float, int]]] = {}
         for t, node, rid in log.seen:
             self.reached.setdefault(rid, []).append((t, node))
+        self.coverage = {"nodes_serving": Coverage(), "refusals": Coverage()}
+        """Filled by the invariants that need the nodes' states (``all`` runs them first)."""
+        self.unseen_at: list[tuple[int, float]] = []
+        """(node, time): a judgement skipped because the monitor had no answer from the node."""
 
     def at(self, t: float) -> str:
         return f"{t - self.log.t0:.1f}s"
@@ -307,6 +387,9 @@ class Checker:
             *self.refusals(),
             *self.recovery(),
             *self.rss(),
+            # Last: they read what nodes_serving and refusals skipped.
+            *self.unseen(),
+            *self.unjudged(),
         ]
 
     def answers(self) -> list[str]:
@@ -338,39 +421,89 @@ class Checker:
         nodes = sorted({n for _, n in self.reached.get(op.id, [])})
         return f" (on node {', '.join(map(str, nodes))})" if nodes else ""
 
-    def _state_before(self, node: int, t: float) -> Obs | None:
-        """The node's last answered observation before ``t``, if it is recent and the same had
-        held since ``grace_s`` before (a change the door cannot have seen yet is not held
-        against it)."""
-        obs = self.by_node[node][: bisect.bisect_left(self.times[node], t)]
-        answered = [o for o in obs if o.ok]
-        if not answered or answered[-1].t < t - 2 * self.cfg.monitor_every_s - 1.0:
-            return None
-        last = answered[-1]
-        since = last.t
-        for o in reversed(answered):
-            if (o.unclean, o.weights_id) != (last.unclean, last.weights_id):
+    def _told(self, node: int, t: float) -> Obs | Skip:
+        """The node's last answer to the monitor before ``t``, or why none tells its state."""
+        if self._unwatched(t):
+            return Skip.UNWATCHED
+        i = bisect.bisect_left(self.answer_times[node], t)
+        if i and self.answer_times[node][i - 1] >= t - self.cfg.fresh_s:
+            return self.answered[node][i - 1]
+        return Skip.FAULTED if self._blinded(node, t) else Skip.UNSEEN
+
+    def _unwatched(self, t: float) -> bool:
+        return self.log.monitor_stopped is not None and t > self.log.monitor_stopped
+
+    def _blinded(self, node: int, t: float) -> bool:
+        """Whether a fault kept the monitor from the node's answers at ``t``."""
+        return any(start <= t <= end for start, end in self._blindings(node))
+
+    def _blindings(self, node: int) -> list[tuple[float, float]]:
+        """When faults kept the monitor from the node's answers: a kill until its restart
+        answered /health, a SIGSTOP until its SIGCONT, each ``grace_s`` more (the monitor's
+        next rounds)."""
+        return [
+            (f.start, self._end(f) + self.cfg.grace_s)
+            for f in self.log.faults
+            if f.node == node and f.kind in BLINDING
+        ]
+
+    def _end(self, fault: Fault) -> float:
+        return fault.end if fault.end is not None else self.log.end
+
+    def _serves_newest(self, told: Obs, t: float) -> bool:
+        """Whether what the node told holds nothing against a request at ``t``: clean, and
+        mid-update or holding the newest update's weights the door can know of (one poll
+        before ``t``), or those of one whose finish was sent since (however recently it began
+        telling so: a good state needs no grace)."""
+        if told.unclean is not None:
+            return False
+        known = newest_ids(self.log.updates, t - self.cfg.grace_s)
+        finished_since = newest_ids(self.log.updates, t)
+        return told.updating or not known or told.weights_id in known | finished_since
+
+    def _changing(self, node: int, told: Obs, t: float) -> bool:
+        """Whether the node began telling what it told within ``grace_s`` before ``t``, or an
+        update finished since it told (it may have loaded that update: its next telling
+        judges it)."""
+        recent = self._held_since(node, told) > t - self.cfg.grace_s
+        return recent or self._finished_between(told.t, t)
+
+    def _held_since(self, node: int, told: Obs) -> float:
+        """When the node began telling the state it told in ``told``."""
+        answers = self.answered[node][: bisect.bisect_right(self.answer_times[node], told.t)]
+        since = told.t
+        for o in reversed(answers):
+            if (o.unclean, o.weights_id) != (told.unclean, told.weights_id):
                 break
             since = o.t
-        return last if since <= t - self.cfg.grace_s else None
+        return since
+
+    def _skipped(self, invariant: str, why: Skip, node: int, t: float) -> None:
+        self.coverage[invariant].skip(why)
+        if why is Skip.UNSEEN:
+            self.unseen_at.append((node, t))
 
     def nodes_serving(self) -> list[str]:
         """No request reaches an unclean node, or one without the newest update's weights.
-        A node is judged by what it last told before the request, unless an update finished
-        in between (it may have loaded that update since: its next telling judges it)."""
+        A node is judged by what it last told the monitor before the request; a bad state it
+        began telling too recently for the door to have seen, or told before an update
+        finished, is not held against it (``Skip``: each skip is counted)."""
         out = []
+        self.coverage["nodes_serving"] = Coverage(due=len(self.log.seen))
         for t, node, rid in self.log.seen:
-            state = self._state_before(node, t)
-            if state is None or self._finished_between(state.t, t):
+            told = self._told(node, t)
+            if isinstance(told, Skip):
+                self._skipped("nodes_serving", told, node, t)
+            elif self._serves_newest(told, t):
                 continue
-            if state.unclean is not None:
-                out.append(f"{rid} reached node {node} at {self.at(t)}: unclean ({state.unclean})")
-                continue
-            ids = newest_ids(self.log.updates, t - self.cfg.grace_s)
-            if ids and state.weights_id not in ids and not state.updating:
+            elif self._changing(node, told, t):
+                self._skipped("nodes_serving", Skip.CHANGING, node, t)
+            elif told.unclean is not None:
+                out.append(f"{rid} reached node {node} at {self.at(t)}: unclean ({told.unclean})")
+            else:
                 out.append(
                     f"{rid} reached node {node} at {self.at(t)}, which did not hold the newest "
-                    f"update's weights (weights_id {state.weights_id})"
+                    f"update's weights (weights_id {told.weights_id})"
                 )
         return out
 
@@ -393,47 +526,113 @@ class Checker:
         for f in self.log.faults:
             if f.node != node or f.kind in ("delay", "cut"):
                 continue
-            end = f.end if f.end is not None else self.log.end
-            if f.start <= t1 and end + self.cfg.grace_s >= t0:
+            if f.start <= t1 and self._end(f) + self.cfg.grace_s >= t0:
                 return True
         return False
 
-    def could_serve(self, node: int, t0: float, t1: float) -> bool:
-        """Nothing kept the node from serving from ``t0`` to ``t1``: not faulted, and every
-        observation since ``grace_s`` before answered, clean, idle, unpaused, newest weights."""
+    def could_serve(self, node: int, t0: float, t1: float) -> bool | Skip:
+        """Whether nothing kept the node from serving from ``t0`` to ``t1``: not faulted, and
+        every observation since ``grace_s`` before answered, clean, idle, unpaused, newest
+        weights. A ``Skip`` when no fault or bad state says no and the monitor lacks an answer
+        to say yes (an unanswered ask of a node no fault explains is no reason it could not
+        serve)."""
         if self._faulted(node, t0, t1):
             return False
-        lo = bisect.bisect_left(self.times[node], t0 - self.cfg.grace_s)
-        hi = bisect.bisect_right(self.times[node], t1)
-        window = self.by_node[node][lo:hi]
-        if not window:
+        window = self._window(node, t0, t1)
+        if any(o.ok and not self._ready(o) for o in window):
             return False
-        for o in window:
-            ids = newest_ids(self.log.updates, o.t)
-            if not o.ok or o.unclean or o.updating or o.paused is not False:
-                return False
-            if ids and o.weights_id not in ids:
-                return False
-        return True
+        if self._unwatched(t1):
+            return Skip.UNWATCHED  # what it told before the monitor stopped says nothing after
+        if window and all(o.ok for o in window):
+            return True
+        return Skip.UNSEEN
+
+    def _window(self, node: int, t0: float, t1: float) -> list[Obs]:
+        lo = bisect.bisect_left(self.times[node], t0 - self.cfg.grace_s)
+        return self.by_node[node][lo : bisect.bisect_right(self.times[node], t1)]
+
+    def _ready(self, o: Obs) -> bool:
+        ids = newest_ids(self.log.updates, o.t)
+        idle = not o.unclean and not o.updating and o.paused is False
+        return idle and (not ids or o.weights_id in ids)
 
     def refusals(self) -> list[str]:
         out = []
+        cover = self.coverage["refusals"] = Coverage()
         for op in self.log.ops:
             failed = op.status >= 500 or op.cut or (op.status == 0 and op.kind == "client_generate")
             if not failed:
                 if op.status not in (0, 200):
                     out.append(f"{op.id} ({op.kind}, {self.at(op.start)}): {op.status} {op.error}")
                 continue
+            cover.due += 1
             on = {n for t, n in self.reached.get(op.id, []) if op.start <= t <= op.end}
             if any(self._faulted(n, op.start, op.end) for n in on):
                 continue  # the node it was on failed under it
-            able = [n for n in range(NODES) if self.could_serve(n, op.start, op.end)]
+            verdicts = {n: self.could_serve(n, op.start, op.end) for n in range(NODES)}
+            able = [n for n, v in verdicts.items() if v is True]
             if able:
                 out.append(
                     f"{op.id} ({op.kind}, {self.at(op.start)}-{self.at(op.end)}): {op.status} "
                     f"while node {', '.join(map(str, able))} could serve: {op.error}"
                 )
+            elif unknown := {n: v for n, v in verdicts.items() if isinstance(v, Skip)}:
+                self._skip_refusal(unknown, op)
         return out
+
+    def _skip_refusal(self, unknown: dict[int, Skip], op: Op) -> None:
+        """A 5xx that no node was seen able to serve, but some node was not seen at all."""
+        unseen = [n for n, why in unknown.items() if why is Skip.UNSEEN]
+        self.coverage["refusals"].skip(Skip.UNSEEN if unseen else Skip.UNWATCHED)
+        for n in unseen:
+            # The first unanswered ask in its window, or the request's start if none was made.
+            missed = [o.t for o in self._window(n, op.start, op.end) if not o.ok]
+            self.unseen_at.append((n, missed[0] if missed else op.start))
+
+    def unseen(self) -> list[str]:
+        """A node the monitor had no answer from for longer than ``lapse_s``, no fault
+        explaining it, while a judgement needed its state: there the checker was blind."""
+        lapses: dict[tuple[int, float, float], list[float]] = {}
+        for node, t in self.unseen_at:
+            lapses.setdefault((node, *self._unexplained_lapse(node, t)), []).append(t)
+        out = []
+        for (node, t0, t1), moments in sorted(lapses.items()):
+            if t1 - t0 > self.cfg.lapse_s:
+                out.append(
+                    f"node {node}: no answer to the monitor from {self.at(t0)} to {self.at(t1)} "
+                    f"and no fault explains why; {len(moments)} judgements skipped, the first "
+                    f"at {self.at(min(moments))}"
+                )
+        return out
+
+    def _unexplained_lapse(self, node: int, t: float) -> tuple[float, float]:
+        """The stretch around ``t`` (a moment no fault explains) with no answer from the node
+        and no fault to explain it: from its last answer before (or the run's start, or the
+        end of a fault that blinded the monitor) to its next (or the monitor's end, or the
+        start of such a fault)."""
+        times = self.answer_times[node]
+        i = bisect.bisect_left(times, t)
+        starts = [times[i - 1] if i else self.log.t0]
+        ends = [times[i] if i < len(times) else self._watch_end()]
+        for start, end in self._blindings(node):
+            if end < t:
+                starts.append(end)
+            else:  # no blinding holds t: this one comes after it
+                ends.append(start)
+        return max(starts), min(ends)
+
+    def _watch_end(self) -> float:
+        stopped = self.log.monitor_stopped
+        return stopped if stopped is not None else self.log.end
+
+    def unjudged(self) -> list[str]:
+        """More of an invariant's judgements skipped than ``UNJUDGED_SHARE``: a run the
+        checker barely saw would pass whatever the fleet did."""
+        return [
+            f"{name}: {cover.describe()}: more than {UNJUDGED_SHARE:.0%} unjudged"
+            for name, cover in self.coverage.items()
+            if cover.beyond_bound()
+        ]
 
     def recovery(self) -> list[str]:
         out = []
@@ -889,7 +1088,9 @@ class Run:
 
     async def weight_info(self, i: int) -> dict[str, Any] | None:
         try:
-            r = await self.http.get(f"{self.stack.nodes[i].url}/weight_info", timeout=1.0)
+            r = await self.http.get(
+                f"{self.stack.nodes[i].url}/weight_info", timeout=OBSERVE_TIMEOUT_S
+            )
             doc = r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
@@ -902,7 +1103,9 @@ class Run:
             return Obs(t, i, False)
         paused: bool | None = None
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-            r = await self.http.get(f"{self.stack.nodes[i].url}/is_paused", timeout=1.0)
+            r = await self.http.get(
+                f"{self.stack.nodes[i].url}/is_paused", timeout=OBSERVE_TIMEOUT_S
+            )
             paused = bool(r.json()["is_paused"])
         return Obs(
             t, i, True, str(info["weights_id"]), info.get("unclean"), bool(info["updating"]), paused
@@ -1034,6 +1237,7 @@ class Run:
             await asyncio.sleep(cfg.node_timeout_s + cfg.fence_poll_s + cfg.settle_s)
             self.updates_stop.set()
             await background[2]
+            self.log.monitor_stopped = time.monotonic()
             self.stopping.set()
             await asyncio.gather(*background)
             # The end: every node must take an update and serve it.
@@ -1093,6 +1297,9 @@ class Report:
     by_status: dict[str, int]
     faults: dict[str, int]
     cuts: int
+    coverage: dict[str, Coverage]
+    """How many judgements each invariant that needs the nodes' states made, and why it
+    skipped the others (``Skip``)."""
     violations: list[str]
 
 
@@ -1104,7 +1311,8 @@ def report_of(run: Run) -> Report:
     faults: dict[str, int] = {}
     for f in log.faults:
         faults[f.kind] = faults.get(f.kind, 0) + 1
-    violations = Checker(log, run.expected, run.cfg).all()
+    checker = Checker(log, run.expected, run.cfg)
+    violations = checker.all()
     return Report(
         seed=log.seed,
         seconds=log.end - log.t0,
@@ -1114,6 +1322,7 @@ def report_of(run: Run) -> Report:
         by_status=by_status,
         faults=faults,
         cuts=len(log.cuts),
+        coverage=checker.coverage,
         violations=violations,
     )
 
@@ -1123,6 +1332,8 @@ def print_report(report: Report, out: Path | None = None) -> None:
     print(f"updates: {report.updates} ({report.updates_ok} answered 200 at every step)")
     print(f"requests: {report.requests}, by status {report.by_status}")
     print(f"faults injected: {report.faults} ({report.cuts} requests cut)")
+    for name, cover in report.coverage.items():
+        print(f"{name}: {cover.describe()}")
     if out is not None:
         print(f"log: {out}")
     if not report.violations:

@@ -36,10 +36,17 @@ def updates() -> list[Update]:
     ]
 
 
-def check(ops=(), faults=(), obs=(), seen=(), last_heal=None, end=100.0) -> list[str]:
+def checker(
+    ops=(), faults=(), obs=(), seen=(), last_heal=None, end=100.0, monitor_stopped=None
+) -> Checker:
     log = Log(seed=0, ops=list(ops), updates=updates(), faults=list(faults), obs=list(obs))
     log.seen, log.last_heal, log.end = list(seen), last_heal, end
-    return Checker(log, EXPECTED, CFG).all()
+    log.monitor_stopped = monitor_stopped
+    return Checker(log, EXPECTED, CFG)
+
+
+def check(ops=(), faults=(), obs=(), seen=(), last_heal=None, end=100.0) -> list[str]:
+    return checker(ops, faults, obs, seen, last_heal, end).all()
 
 
 def op(start: float, tokens: list[int] | None, status: int = 200, end: float | None = None):
@@ -192,3 +199,71 @@ def test_a_node_told_before_an_update_finished_is_judged_by_what_it_tells_next()
     missed_it = [Obs(t, 2, True, "w0") for t in (27.6, 28.6, 29.6, 30.6, 31.6, 32.6, 33.6)]
     [behind] = violations(missed_it, 33.8)  # told after the finish: still the checkpoint
     assert "did not hold the newest" in behind
+
+
+def reaching(node: int, times) -> list[tuple[float, int, str]]:
+    return [(t, node, f"chq{1000 * node + i:07d}") for i, t in enumerate(times)]
+
+
+def test_a_node_the_monitor_never_saw_is_a_finding_not_a_pass():
+    others = healthy(0, 20, 40) + healthy(2, 20, 40)
+    served = reaching(1, range(21, 31))  # node 1 served; no fault explains the monitor's gap
+    never_asked: list[Obs] = []
+    never_answered = [Obs(20 + 0.5 * i, 1, False) for i in range(41)]
+    for blind in (never_asked, never_answered):
+        found = check(obs=others + blind, seen=served)
+        unseen = [v for v in found if v.startswith("node 1: no answer to the monitor")]
+        assert unseen == [
+            "node 1: no answer to the monitor from 0.0s to 100.0s and no fault explains why; "
+            "10 judgements skipped, the first at 21.0s"
+        ], found
+
+
+def test_a_5xx_is_not_excused_by_nodes_the_monitor_never_saw():
+    found = check([op(30, None, status=503, end=30.5)])
+    assert [v.split(":")[0] for v in found] == ["node 0", "node 1", "node 2"], found
+
+
+def test_more_judgements_skipped_than_the_bound_is_a_violation():
+    # Node 0's state never settles: unclean, clean, unclean... A request after each unclean
+    # telling is a change the door may not have seen, every time.
+    flapping = [
+        Obs(20 + 0.5 * i, 0, True, "wb", "partial_load" if i % 2 == 0 else None) for i in range(41)
+    ]
+    [bound] = check(obs=flapping, seen=reaching(0, [20.1 + j for j in range(20)]))
+    assert bound == "nodes_serving: 0 of 20 judged (changing 20): more than 25% unjudged"
+    # A few such beside requests judged are within the bound.
+    judged = reaching(2, [20.2 + j for j in range(17)])
+    mixed = reaching(0, [20.1, 30.1, 35.1]) + judged
+    assert check(obs=flapping + healthy(2, 20, 40), seen=mixed) == []
+    # The monitor answered node 1 only every 2.5 s: each lapse too short to be a finding, but
+    # what fell in them was judged blind.
+    late = [Obs(20 + 2.5 * i, 1, True, "wb", None, False, False) for i in range(9)]
+    [bound] = check(obs=late, seen=reaching(1, [22.2 + 2.5 * j for j in range(8)]))
+    assert bound == "nodes_serving: 0 of 8 judged (unseen 8): more than 25% unjudged"
+
+
+def test_a_node_a_fault_kept_from_the_monitor_is_skipped_not_a_finding():
+    # Node 0 killed at 24 and answering again at 34.5 (its restart answered /health at 34);
+    # node 2 SIGSTOPped from 20 to 28, then slow: its first answer at 31.0.
+    down = [Obs(24 + 0.5 * i, 0, False) for i in range(21)]
+    obs = healthy(0, 20, 23.5) + down + healthy(0, 34.5, 40) + healthy(1, 20, 40)
+    obs += [Obs(20 + 0.5 * i, 2, False) for i in range(22)] + healthy(2, 31, 40)
+    faults = [Fault("kill", 0, 24, 34), Fault("stop", 2, 20, 28)]
+    seen = reaching(0, [26.2, 28.0]) + reaching(2, [30.8]) + reaching(1, range(21, 31))
+    checked = checker(faults=faults, obs=obs, seen=seen)
+    assert checked.all() == []
+    # Unseen at 30.8 for the 0.5 s past the stop's grace only: counted, no finding.
+    cover = checked.coverage["nodes_serving"]
+    assert (cover.due, cover.skipped) == (13, {"faulted": 2, "unseen": 1})
+
+
+def test_what_ran_after_the_monitor_stopped_is_counted_not_judged():
+    everyone = [o for n in range(3) for o in healthy(n, 20, 40)]
+    seen = reaching(1, range(21, 33)) + reaching(1, [41, 42, 43])
+    checked = checker(
+        [op(41, None, status=503, end=41.2)], obs=everyone, seen=seen, monitor_stopped=40.2
+    )
+    assert checked.all() == []
+    assert checked.coverage["nodes_serving"].describe() == "12 of 15 judged (unwatched 3)"
+    assert checked.coverage["refusals"].describe() == "0 of 1 judged (unwatched 1)"
