@@ -169,7 +169,8 @@ class Overload:
     path: str
     details: dict[str, Any] | None
     """The refusal's own count (``tandem_http.AdmissionGate``): pending and held bytes of the
-    process that refused, against its limits, and the bytes the request wanted."""
+    process that refused, against its limits, and the bytes the request wanted (the door's
+    Responses store: the bytes the key's running stored responses hold, against its budget)."""
 
     @property
     def justified(self) -> bool:
@@ -181,6 +182,10 @@ class Overload:
         held, wanted, budget = d.get("held_bytes"), d.get("wanted_bytes"), d.get("max_held_bytes")
         if isinstance(held, int) and isinstance(wanted, int) and isinstance(budget, int):
             return held + wanted > budget
+        # The door's Responses store: the key's running stored responses hold its budget.
+        running, store = d.get("running_stored_bytes"), d.get("responses_store_bytes")
+        if isinstance(running, int) and isinstance(store, int):
+            return running >= store
         return False
 
 

@@ -196,8 +196,10 @@ def parse_args(argv: Sequence[str] | None = None) -> FrontSettings:
     p.add_argument(
         "--responses-store-bytes",
         type=int,
-        help="bytes of the Responses store one worker keeps (VLLM_ENABLE_RESPONSES_API_STORE=1): "
-        "inputs, answers and background events; past it the oldest responses are evicted "
+        help="bytes of the Responses store each API key keeps in one worker "
+        "(VLLM_ENABLE_RESPONSES_API_STORE=1): inputs, answers and background events, as held "
+        "in memory; past it that key's oldest finished responses are evicted, never one still "
+        "running (429 while its running ones hold it all) "
         f"(default: {FrontSettings.responses_store_bytes})",
     )
     add_body_deadline_flags(p)

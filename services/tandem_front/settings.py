@@ -146,10 +146,15 @@ class FrontSettings:
     ``max_pending`` and ``max_held_bytes`` until it ends, as a request does."""
 
     responses_store_bytes: int = 256 * 1024 * 1024
-    """Bytes of the Responses store one worker keeps (``VLLM_ENABLE_RESPONSES_API_STORE``):
-    each stored response counts its request body (the input it keeps), the entry it continues
-    (earlier turns), its answer and a background stream's events; past it the oldest are
-    evicted (then 404 as an unknown id), the newest always kept."""
+    """Bytes of the Responses store each tenant (API key; one for all when the door has no
+    keys) keeps in one worker (``VLLM_ENABLE_RESPONSES_API_STORE``): what vLLM keeps of each
+    stored response (its input messages, earlier turns included, its answer, a background
+    stream's events), counted as the bytes its objects hold in memory. Past it the tenant's
+    oldest finished responses are evicted (then 404 as an unknown id), never another
+    tenant's nor one still running (queued, in progress, or a stream still being written);
+    a tenant whose running responses alone hold it is answered 429 ``overloaded`` until one
+    ends. A worker's store holds at most this once per key, and once for callers without
+    one, plus what running responses grow past it."""
 
     body_timeout_s: float = BodyDeadline.timeout_s
     """A request body's grace and the longest pause within it, in seconds: past either, 408

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -58,7 +59,7 @@ from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from vllm.v1.engine.logprobs import LogprobsProcessor
 from vllm.version import __version__ as VLLM_VERSION  # type: ignore[attr-defined]
 
-from tandem_http import BadRequest
+from tandem_http import BadRequest, Overloaded
 from tandem_vllm.derender import model_registry, online_options
 from tandem_vllm.sampling import sampling_params_to_wire
 from tandem_vllm.upstream_names import check_upstream_names
@@ -375,26 +376,79 @@ async def _sse(events: AsyncGenerator[Any, None]) -> AsyncIterator[bytes]:
         await events.aclose()
 
 
+def _held_size(root: object) -> int:
+    """The bytes Python holds for ``root`` and what it reaches through containers and pydantic
+    models: ``sys.getsizeof`` of each object once (a model's field dict and fields-set
+    included; None, booleans, classes and dict keys, which every object shares, left out).
+    JSON lengths undercount what is held several times over: a one-token stream event is
+    ~150 bytes of JSON and ~1 KB of objects; this estimate is within ~20 % of tracemalloc's
+    count of what a stored response keeps alive."""
+    seen: set[int] = set()
+    todo = [root]
+    total = 0
+    while todo:
+        obj = todo.pop()
+        if obj is None or isinstance(obj, (bool, type)) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset, deque)):
+            todo.extend(obj)
+        elif isinstance(obj, BaseModel):
+            todo += [obj.__dict__, obj.__pydantic_extra__]
+            total += sys.getsizeof(obj.__pydantic_fields_set__)
+    return total
+
+
 class _Entry:
-    __slots__ = ("tenant", "nbytes")
+    """One stored response: whose it is, its counted bytes, and the runs still writing it."""
+
+    __slots__ = ("tenant", "kept", "events", "runs")
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
-        self.nbytes = 0
+        self.kept = 0
+        """Bytes of its answer and input messages (until vLLM stores them: its request body's)."""
+        self.events = 0
+        """Bytes of the background stream events kept for it."""
+        self.runs = 0
+        """Runs still writing it (a request in the door, a background task, a stream being
+        read): while any is, it is never evicted, since its run stores its answer at its end."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.kept + self.events
+
+
+class _Tenant:
+    """One tenant's stored responses, oldest first, and the bytes counted for them."""
+
+    __slots__ = ("entries", "held", "running")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[str, _Entry] = OrderedDict()
+        self.held = 0
+        self.running: set[str] = set()
 
 
 class _Store:
     """Whose each stored response is, and what the store holds: vLLM keeps a response's
     answer, input messages and background events in three dicts keyed by its id (for ever,
     its own notes say); here each id belongs to the tenant that stored it (another tenant
-    finds it as unknown), and its bytes are counted against ``budget``: past it the oldest
-    are evicted from all three, the newest always kept."""
+    finds it as unknown), and what vLLM keeps of it is counted (``_held_size``) against its
+    tenant's ``budget``: past it that tenant's oldest finished responses are evicted from all
+    three, never another tenant's nor one still running. A tenant whose running responses
+    alone hold its budget is refused a new one (429) until one ends."""
 
     def __init__(self, serving: OpenAIServingResponses, budget: int) -> None:
         self.serving = serving
         self.budget = budget
         self.held = 0
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        """Bytes counted across all tenants."""
+        self._entries: dict[str, _Entry] = {}
+        self._tenants: dict[str, _Tenant] = {}
 
     def visible(self, response_id: str, tenant: str) -> bool:
         """Whether ``tenant`` may read, cancel or continue ``response_id``."""
@@ -402,61 +456,144 @@ class _Store:
         return entry is None or entry.tenant == tenant
 
     def claim(self, response_id: str, tenant: str, nbytes: int, continues: str | None) -> bool:
-        """``response_id`` is ``tenant``'s from now on, its input ``nbytes`` (and the turns of
-        the response it ``continues``, kept again with it); False if it is another's."""
+        """``response_id`` is ``tenant``'s from now on, held by the run that claims it (until
+        ``ended``), counted as its input ``nbytes`` (and the turns of the response it
+        ``continues``, kept again with it) until vLLM has stored it; False if it is
+        another's. Raises Overloaded when ``tenant``'s running responses hold its budget."""
         entry = self._entries.get(response_id)
-        if entry is not None:
-            if entry.tenant != tenant:
-                return False
-            self.held -= entry.nbytes  # stored again: counted anew
-            entry.nbytes = 0
-            self._entries.move_to_end(response_id)
+        if entry is not None and entry.tenant != tenant:
+            return False
+        owner = self._tenants.setdefault(tenant, _Tenant())
+        self._check_room(owner)
+        if entry is None:
+            entry = self._entries[response_id] = owner.entries[response_id] = _Entry(tenant)
         else:
-            self._entries[response_id] = _Entry(tenant)
+            owner.entries.move_to_end(response_id)  # stored again: the newest
+        entry.runs += 1
+        owner.running.add(response_id)
         earlier = self._entries.get(continues) if continues is not None else None
-        self.grew(response_id, nbytes + (earlier.nbytes if earlier is not None else 0))
+        self._count(response_id, nbytes + (earlier.kept if earlier is not None else 0))
         return True
 
-    def grew(self, response_id: str, nbytes: int) -> None:
-        """``response_id`` holds ``nbytes`` more (its answer, its events)."""
+    def _check_room(self, owner: _Tenant) -> None:
+        # Running responses cannot be evicted: past the budget with them alone, a new one
+        # waits for one to end rather than growing the store without bound.
+        running = sum(self._entries[rid].nbytes for rid in owner.running)
+        if owner.running and running >= self.budget:
+            raise Overloaded(
+                f"this key's running stored responses hold {running} bytes, the Responses "
+                f"store's {self.budget} per key; retry once one ends (or send store: false)",
+                retry_after=1,
+                details={"running_stored_bytes": running, "responses_store_bytes": self.budget},
+            )
+
+    def measure(self, response_id: str) -> None:
+        """What vLLM keeps of ``response_id`` (its answer, its input messages) counted anew;
+        its events stay counted while vLLM keeps them."""
+        if response_id not in self._entries:
+            return
+        serving = self.serving
+        kept = _held_size(serving.response_store.get(response_id))
+        self._count(response_id, kept + _held_size(serving.msg_store.get(response_id)))
+
+    def kept_event(self, response_id: str, event: Any) -> None:
+        """``event`` of ``response_id``'s background stream is kept (counted with it)."""
+        entry = self._entries.get(response_id)
+        if entry is not None:
+            self._count(response_id, entry.kept, entry.events + _held_size(event))
+
+    def _count(self, response_id: str, kept: int, events: int | None = None) -> None:
+        """``response_id`` counted as ``kept`` bytes and ``events`` (None: its events as
+        counted, or none once vLLM let them go); then its tenant trimmed to its budget."""
         entry = self._entries.get(response_id)
         if entry is None:
             return
-        entry.nbytes += nbytes
-        self.held += nbytes
-        while self.held > self.budget and len(self._entries) > 1:
-            oldest, evicted = self._entries.popitem(last=False)
-            self.held -= evicted.nbytes
-            self.settle(oldest)
+        if events is None:
+            events = entry.events if response_id in self.serving.event_store else 0
+        owner = self._tenants[entry.tenant]
+        change = kept + events - entry.nbytes
+        entry.kept, entry.events = kept, events
+        owner.held += change
+        self.held += change
+        self._trim(owner, response_id)
+
+    def ended(self, response_id: str) -> None:
+        """A run of ``response_id`` ended: unless another still writes it, it may be evicted
+        (not now: its answer was just stored)."""
+        entry = self._entries.get(response_id)
+        if entry is None or entry.runs == 0:
+            return
+        entry.runs -= 1
+        owner = self._tenants[entry.tenant]
+        if entry.runs == 0:
+            owner.running.discard(response_id)
+        self._trim(owner, response_id)
+
+    def _trim(self, owner: _Tenant, keep: str) -> None:
+        """``owner``'s oldest finished responses but ``keep`` evicted until it fits its
+        budget (a running one is skipped: its run would store its answer for nobody)."""
+        over = owner.held - self.budget
+        evicted = []
+        for rid, entry in owner.entries.items():
+            if over <= 0:
+                break
+            if entry.runs == 0 and rid != keep:
+                evicted.append(rid)
+                over -= entry.nbytes
+        for rid in evicted:
+            self._drop(rid)
+            self.settle(rid)
+
+    def _drop(self, response_id: str) -> None:
+        entry = self._entries.pop(response_id)
+        owner = self._tenants[entry.tenant]
+        del owner.entries[response_id]
+        owner.running.discard(response_id)
+        owner.held -= entry.nbytes
+        self.held -= entry.nbytes
+        if not owner.entries:
+            del self._tenants[entry.tenant]
 
     def unused(self, response_id: str) -> None:
         """A claim of a request that stored nothing (refused before vLLM stored it) let go."""
         serving = self.serving
-        if response_id not in serving.response_store and response_id not in serving.msg_store:
-            entry = self._entries.pop(response_id, None)
-            if entry is not None:
-                self.held -= entry.nbytes
+        stored = response_id in serving.response_store or response_id in serving.msg_store
+        if not stored and response_id in self._entries:
+            self._drop(response_id)
 
     def settle(self, response_id: str) -> None:
-        """vLLM's entries of a response that is no longer stored let go (evicted while it
-        ran: its run stores its answer at its end)."""
+        """vLLM's entries of a response the store does not hold let go."""
         if response_id not in self._entries:
             self.serving.response_store.pop(response_id, None)
             self.serving.msg_store.pop(response_id, None)
             self.serving.event_store.pop(response_id, None)
+
+    async def held_while_read(
+        self, response_id: str, events: AsyncGenerator[Any, None]
+    ) -> AsyncGenerator[Any, None]:
+        """A foreground stream's ``events``, holding ``response_id`` (its run's claim) until
+        the stream ends or is closed: vLLM stores its answer at the stream's end. The door's
+        route reads the stream at once (``_until``), so an unread one holds nothing for long."""
+        try:
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()
+            self.ended(response_id)
 
 
 _LAST_EVENTS = frozenset({"response.completed", "error"})
 """The events a response's stream ends with (an ``error`` event: it failed)."""
 
 
-def _forget_ended_run(serving: OpenAIServingResponses, rid: str) -> None:
+def _forget_ended_run(serving: _DoorResponses, rid: str) -> None:
     """A ``request_id`` used again once its run has ended starts a new run: its stream is the
     new run's events, as ``vllm serve`` streams it, not the old run's kept ones (the run's own
-    store is made with ``setdefault``, which would keep them)."""
+    store is made with ``setdefault``, which would keep them; no longer counted either)."""
     run = serving.background_tasks.get(rid)
     if run is None or run.done():
         serving.event_store.pop(rid, None)
+        serving.store.measure(rid)
 
 
 class _DoorResponses(OpenAIServingResponses):
@@ -483,8 +620,7 @@ class _DoorResponses(OpenAIServingResponses):
     ) -> ErrorResponse | ResponsesResponse:
         answer = await super().responses_full_generator(request, *args, **kwargs)
         if request.store and isinstance(answer, ResponsesResponse):
-            self.store.grew(answer.id, len(answer.model_dump_json()))
-            self.store.settle(answer.id)
+            self.store.measure(answer.id)
         return answer
 
     async def _run_background_request(
@@ -504,13 +640,15 @@ class _DoorResponses(OpenAIServingResponses):
         try:
             async for event in self.responses_stream_generator(request, *args, **kwargs):
                 events.append(event)
-                self.store.grew(rid, len(event.model_dump_json()))
+                self.store.kept_event(rid, event)
                 signal.set()
         except Exception as exc:
             error = await _fail_stored(self, rid, exc)
-            events.append(
-                ResponseErrorEvent(type="error", sequence_number=len(events), param=None, **error)
+            failed = ResponseErrorEvent(
+                type="error", sequence_number=len(events), param=None, **error
             )
+            events.append(failed)
+            self.store.kept_event(rid, failed)
         finally:
             signal.set()
 
@@ -653,7 +791,8 @@ class VllmAnswers:
     ) -> Written:
         """``/v1/responses``: vLLM's Responses serving, its prompt rendered and generated by
         ``hops``; the body as vLLM's server validates it (400 if not). A stored response is
-        ``tenant``'s: another's is not found, whether continued or named as ``request_id``."""
+        ``tenant``'s: another's is not found, whether continued or named as ``request_id``;
+        429 when ``tenant``'s running stored responses hold its store budget."""
         request = _validated(ResponsesRequest, body)
         serving = self.responses_serving
         if serving.use_harmony:
@@ -672,6 +811,7 @@ class VllmAnswers:
         if stored and not store.claim(rid, tenant, size, earlier):
             return _written(serving._make_not_found_error(rid))
         token = _HOPS.set(hops)
+        answer: Any = None
         try:
             answer = await serving.create_responses(request)
         except VLLMValidationError as exc:
@@ -681,12 +821,29 @@ class VllmAnswers:
         finally:
             _HOPS.reset(token)
             if stored:
+                store.measure(rid)
+                answer = self._hand_over(request, answer)
                 store.unused(rid)
                 store.settle(rid)
         written = _written(answer)
         if request.background and not isinstance(answer, ErrorResponse):
             written.running = serving.background_tasks.get(rid)
         return written
+
+    def _hand_over(self, request: ResponsesRequest, answer: Any) -> Any:
+        """The claim of a stored request handed to what goes on writing its response (a
+        background run's task, a foreground stream: ``answer`` wrapped), or let go (a whole
+        answer, a refusal); ``answer`` as it is to be sent."""
+        serving, rid = self.responses_serving, request.request_id
+        store = serving.store
+        run = serving.background_tasks.get(rid) if request.background else None
+        if run is not None and not isinstance(answer, ErrorResponse):
+            run.add_done_callback(lambda _: store.ended(rid))
+        elif isinstance(answer, AsyncGenerator):
+            return store.held_while_read(rid, answer)
+        else:
+            store.ended(rid)
+        return answer
 
     def _check_writable(self, request: ResponsesRequest) -> None:
         """A request whose fields vLLM's answer cannot carry (``background: null`` and the

@@ -1,16 +1,19 @@
 """The door's Responses store and background mode held to account (issue 43): a background
 stream is answered as ``vllm serve`` answers it; a background response whose generate hop is
 refused ends ``failed`` with the refusal's error (its stream too); background responses are
-held against the worker's admission until they end, bounded in number (429 past it); the
-store is bounded in bytes (oldest evicted) and each stored response is its tenant's."""
+held against the worker's admission until they end, bounded in number (429 past it); each
+stored response is its tenant's, and each tenant's store is bounded by the bytes it holds (its
+oldest finished responses evicted, never another tenant's nor a running one)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
 import time
+import tracemalloc
 from typing import Any
 
 import httpx
@@ -236,8 +239,9 @@ async def test_200_background_responses_with_20_mb_images_stay_within_the_budget
     model_dir, tokenizer
 ):
     """Past the bound, 429; the worker holds what it admitted and no more: its RSS stays
-    within --max-held-bytes + 100 MiB (the store kept small beside it)."""
-    answers = store_on(model_dir, responses_store_bytes=64 * MIB)
+    within --max-held-bytes + 100 MiB (the store's budget as large: the runs' inputs it
+    keeps are what admission holds, and admission is what refuses here)."""
+    answers = store_on(model_dir, responses_store_bytes=BUDGET)
     t = Held(whole({"index": 0, "token_ids": ended(tokenizer, "ok"), "finish_reason": "stop"}))
     settings = door_settings("m", max_background_responses=16, max_held_bytes=BUDGET)
     app = create_app(settings, answers, t)
@@ -265,7 +269,7 @@ async def test_200_background_responses_with_20_mb_images_stay_within_the_budget
 
 async def test_the_oldest_stored_responses_are_evicted_past_the_stores_bytes(model_dir, tokenizer):
     # Before: every stored response (its input with it) was kept for ever.
-    answers = store_on(model_dir, responses_store_bytes=15_000)
+    answers = store_on(model_dir, responses_store_bytes=30_000)  # each holds ~14 KB
     t = Pair(whole({"index": 0, "token_ids": ended(tokenizer, "ok"), "finish_reason": "stop"}))
     app = create_app(door_settings("m"), answers, t)
     body = {**ASK, "input": "x" * 5000}
@@ -273,7 +277,7 @@ async def test_the_oldest_stored_responses_are_evicted_past_the_stores_bytes(mod
         ids = [(await c.post("/v1/responses", json=body)).json()["id"] for _ in range(3)]
         found = [(await c.get(f"/v1/responses/{rid}")).status_code for rid in ids]
     assert found == [404, 200, 200]
-    assert answers.responses_serving.store.held <= 15_000
+    assert answers.responses_serving.store.held <= 30_000
 
 
 KEYS = {"a": {"authorization": "Bearer key-a"}, "b": {"authorization": "Bearer key-b"}}
@@ -306,3 +310,108 @@ async def test_another_keys_stored_response_is_as_unknown(stored, tokenizer):
         follow = {**ASK, "previous_response_id": rid}
         assert (await c.post("/v1/responses", json=follow, headers=KEYS["a"])).status_code == 200
     assert t.asked == 2  # B's attempts reached no node
+
+
+BIG = {**ASK, "input": "x" * 20_000}
+"""A request whose stored response holds ~29 KB (its input messages and its answer)."""
+
+
+async def test_a_keys_stored_responses_evict_only_its_own(model_dir, tokenizer):
+    # Before: one oldest-first list across keys: B's responses evicted A's.
+    answers = store_on(model_dir, responses_store_bytes=60_000)  # two of them per key
+    t = Pair(whole({"index": 0, "token_ids": ended(tokenizer, "ok"), "finish_reason": "stop"}))
+    settings = door_settings("m", api_key="key-a", admin_api_key=("key-b",))
+    async with app_client(create_app(settings, answers, t)) as c:
+        posted = [(await c.post("/v1/responses", json=BIG, headers=KEYS[k]), k) for k in "abbb"]
+        found = [
+            (await c.get(f"/v1/responses/{r.json()['id']}", headers=KEYS[k])).status_code
+            for r, k in posted
+        ]
+    assert found == [200, 404, 200, 200]  # A's, then B's oldest evicted by its own
+
+
+class HeldIds(Pair):
+    """``Pair`` whose generate answers the request of each ``held`` id once ``release[id]``
+    is set (any other at once)."""
+
+    def __init__(self, answer: Any, *held: str) -> None:
+        super().__init__(answer)
+        self.release = {rid: asyncio.Event() for rid in held}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host != "r1" and request.method == "POST":
+            gen = msgspec.msgpack.decode(await request.aread())
+            for rid, release in self.release.items():
+                if str(gen["request_id"]).startswith(rid):
+                    await release.wait()
+        return await super().handle_async_request(request)
+
+
+async def test_a_running_response_is_never_evicted(model_dir, tokenizer):
+    # Before: a background run still going was evicted as the oldest (its answer dropped:
+    # 404, nothing to cancel), and nothing bounded what running responses held.
+    # Two queued runs of BIG (~25 KB each) fill it.
+    answers = store_on(model_dir, responses_store_bytes=45_000)
+    ok = whole({"index": 0, "token_ids": ended(tokenizer, "ok"), "finish_reason": "stop"})
+    t = HeldIds(ok, "held-1", "held-2")
+    running = {**BIG, "background": True}
+    async with app_client(create_app(door_settings("m"), answers, t)) as c:
+        try:
+            first = await c.post("/v1/responses", json={**running, "request_id": "held-1"})
+            assert first.json()["status"] == "queued"
+            finished = [(await c.post("/v1/responses", json=BIG)).json()["id"] for _ in "12"]
+            assert (await c.get("/v1/responses/held-1")).json()["status"] == "queued"
+            evicted = await c.get(f"/v1/responses/{finished[0]}")
+            assert evicted.status_code == 404  # the oldest finished one, in its place
+            second = await c.post("/v1/responses", json={**running, "request_id": "held-2"})
+            assert second.json()["status"] == "queued"
+            # The two runs alone hold the budget: a new stored response waits for one to end.
+            refused = await c.post("/v1/responses", json=BIG)
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["retry-after"] == "1"
+            error = refused.json()["error"]
+            assert error["type"] == "overloaded"
+            assert error["details"]["responses_store_bytes"] == 45_000
+            assert error["details"]["running_stored_bytes"] >= 45_000
+            unstored = await c.post("/v1/responses", json={**BIG, "store": False})
+            assert unstored.status_code == 200
+            for rid in ("held-1", "held-2"):  # each read once it ends (then evictable)
+                t.release[rid].set()
+                answer = await settled(c, rid)
+                assert answer["status"] == "completed" and text_of(answer) == "ok"
+        finally:
+            for release in t.release.values():
+                release.set()
+
+
+async def test_the_store_counts_the_bytes_it_holds(model_dir, tokenizer):
+    """A background stream's kept events are most of what it holds: ~1 KB of objects each,
+    ~150 bytes of JSON. Counted as held, the budget bounds the memory the store keeps."""
+    # Before: their JSON lengths were counted, a seventh of what was held: here the store
+    # kept all ten, 786 KB, counted as 111 KB against a 200 KB budget.
+    budget = 200_000
+    answers = store_on(model_dir, responses_store_bytes=budget)
+    tokens = ended(tokenizer, "hello " * 12)
+    chunks = [[{"index": 0, "token_ids": [x]}] for x in tokens[:-1]]
+    chunks.append([{"index": 0, "token_ids": tokens[-1:], "finish_reason": "stop"}])
+    t = Pair(streamed(*chunks))
+    body = {**ASK, "background": True, "stream": True}
+    store = answers.responses_serving.store
+    async with app_client(create_app(door_settings("m"), answers, t)) as c:
+        # What a first request allocates once, allocated before memory is traced.
+        warm = {**ASK, "stream": True, "store": False}
+        assert (await c.post("/v1/responses", json=warm)).status_code == 200
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for _ in range(10):  # ~70 KB each
+                assert (await c.post("/v1/responses", json=body)).status_code == 200
+            assert await runs_ended(c)
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+    # What it counts is what it keeps (give or take the door's own leftovers of the
+    # requests, and objects the events share), so its budget bounds what it keeps.
+    assert 0 < store.held <= budget
+    assert 0.6 * store.held < kept < 1.5 * store.held, (kept, store.held)
