@@ -38,6 +38,7 @@ from .errors import (
     WeightTransferNotConfigured,
     WeightUpdateConflict,
     WeightUpdateIncomplete,
+    WeightUpdateSeqSeen,
 )
 from .weight_files import (
     ABORT_UPDATE,
@@ -197,6 +198,12 @@ class EngineControl:
         """Start an update (``update_id``: the fleet's id for it, or None to mint one here)."""
         self._require_backend()
         async with self._lock:
+            if self.ledger.already_seen(update_id):
+                raise WeightUpdateSeqSeen(
+                    f"update {update_id}: this node has already seen an update start at SEQ "
+                    f"{self.ledger.seen_seq}; mint the id above it",
+                    details={"seen_seq": self.ledger.seen_seq},
+                )
             if self.ledger.current is not None:
                 if not self.ledger.outdated_by(update_id):
                     raise WeightUpdateConflict(

@@ -21,6 +21,7 @@ __all__ = [
     "WeightPathNotAllowed",
     "WeightUpdateConflict",
     "WeightUpdateIncomplete",
+    "WeightUpdateSeqSeen",
     "WeightTransferNotConfigured",
     "WeightCheckpointUnavailable",
     "PrefixCacheNotReset",
@@ -106,6 +107,14 @@ class WeightUpdateConflict(GenerateError):
 
     status_code = 409
     type = error_types.WEIGHT_UPDATE_CONFLICT
+
+
+class WeightUpdateSeqSeen(GenerateError):
+    """A start whose update id's SEQ this node has already seen start (a router minted it
+    from a stale count): nothing started."""
+
+    status_code = 409
+    type = error_types.WEIGHT_UPDATE_SEQ_SEEN
 
 
 class WeightUpdateIncomplete(GenerateError):

@@ -91,6 +91,12 @@ class WeightLedger:
         self.receipt = UpdateReceipt.begin(uid)
         return uid
 
+    def already_seen(self, update_id: UpdateId | None) -> bool:
+        """Whether a router's ``update_id`` has a SEQ this node has seen start: two routers
+        minted it (one counted from a stale view of the fleet), and taking it would put two
+        updates in one place of the fleet's order. The router mints again above."""
+        return update_id is not None and update_id.seq <= self.seen_seq
+
     def outdated_by(self, update_id: UpdateId | None) -> bool:
         """Whether a start with ``update_id`` may end the update under way: a router's id newer
         than its own means its trainer moved on (it crashed mid-update, or its abort was lost).

@@ -141,6 +141,7 @@ _BY_TYPE: dict[str, type[ServiceError]] = {
     error_types.WEIGHT_PATH_NOT_ALLOWED: WeightUpdateError,
     error_types.WEIGHT_UPDATE_CONFLICT: WeightUpdateError,
     error_types.WEIGHT_UPDATE_INCOMPLETE: WeightUpdateError,
+    error_types.WEIGHT_UPDATE_SEQ_SEEN: WeightUpdateError,
     error_types.WEIGHT_TRANSFER_NOT_CONFIGURED: WeightUpdateError,
     error_types.WEIGHT_CHECKPOINT_UNAVAILABLE: WeightUpdateError,
     error_types.CONTROL_PARTIAL_FAILURE: FleetPartialFailure,

@@ -133,6 +133,11 @@ WEIGHT_PATH_NOT_ALLOWED = "weight_path_not_allowed"
 WEIGHT_UPDATE_CONFLICT = "weight_update_conflict"
 """409: a weight-update call out of order (update or finish with no update started, a start
 while one is under way)."""
+WEIGHT_UPDATE_SEQ_SEEN = "weight_update_seq_seen"
+"""409: a start whose update id (``X-Tandem-Update-Id``) has a SEQ the node has already seen
+start: two routers minted the same SEQ (one counted from a stale view of the fleet), so the
+fleet's updates would no longer be ordered. Nothing started; ``details.seen_seq`` is the
+highest SEQ the node has seen, for the router to mint above it."""
 WEIGHT_UPDATE_INCOMPLETE = "weight_update_incomplete"
 """409: a finish whose caller sent other chunks of the update than the node took (its
 ``X-Tandem-Update-Received`` differs from the node's own receipt: a chunk was lost on the way);

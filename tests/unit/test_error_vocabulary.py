@@ -74,6 +74,7 @@ EXPECTED: dict[type[TandemHTTPError], type[tc.ServiceError]] = {
     gen.WeightPathNotAllowed: tc.WeightUpdateError,
     gen.WeightUpdateConflict: tc.WeightUpdateError,
     gen.WeightUpdateIncomplete: tc.WeightUpdateError,
+    gen.WeightUpdateSeqSeen: tc.WeightUpdateError,
     gen.WeightTransferNotConfigured: tc.WeightUpdateError,
     gen.WeightCheckpointUnavailable: tc.WeightUpdateError,
     gen.PrefixCacheNotReset: tc.ServerError,

@@ -27,6 +27,7 @@ from tandem_generate.errors import (
     PrefixCacheNotReset,
     WeightUpdateConflict,
     WeightUpdateIncomplete,
+    WeightUpdateSeqSeen,
 )
 from tandem_generate.weight_files import checkpoint_spec
 
@@ -340,10 +341,11 @@ async def test_an_update_its_trainer_left_is_ended_by_a_newer_ones_start(qwen2_d
     ctl, llm = control(qwen2_dir, "nccl")
     await ctl.start_update(UpdateId(3, "aaaaaaaa"))
     await ctl.update(chunk(["lm_head.weight"]))
-    # The trainer crashed here. A start with no id, or one not newer, is still refused.
+    # The trainer crashed here. A start with no id, or one not newer, is still refused (one
+    # with the same SEQ as another router's: the router mints again above it).
     with pytest.raises(WeightUpdateConflict):
         await ctl.start_update()
-    with pytest.raises(WeightUpdateConflict):
+    with pytest.raises(WeightUpdateSeqSeen):
         await ctl.start_update(UpdateId(3, "bbbbbbbb"))
     llm.calls.clear()
     assert (await ctl.start_update(UpdateId(4, "cccccccc"))).seq == 4
@@ -370,3 +372,20 @@ async def test_an_update_left_idle_past_the_timeout_ends_by_itself(qwen2_dir):
     assert not (await ctl.weight_info()).updating
     assert ("finish", None) in llm.calls  # ended as an abort ends it
     await ctl.start_update()  # and a new trainer's start is taken
+
+
+async def test_a_start_with_a_seq_the_node_has_seen_is_refused_and_starts_nothing(qwen2_dir):
+    from tandem_wire.control import UpdateId
+
+    ctl, llm = control(qwen2_dir, "nccl")
+    await ctl.start_update(UpdateId(5, "9f3c1a2b"))
+    await ctl.abort_update()
+    calls = len(llm.calls)
+    # Another router minted SEQ 5 from a stale count, or an older one.
+    for seq in (5, 4):
+        with pytest.raises(WeightUpdateSeqSeen) as refused:
+            await ctl.start_update(UpdateId(seq, "0a0b0c0d"))
+        assert refused.value.status_code == 409 and refused.value.details == {"seen_seq": 5}
+    info = await ctl.weight_info()
+    assert (info.updating, info.seen_seq, len(llm.calls)) == (False, 5, calls)
+    assert (await ctl.start_update(UpdateId(6, "0a0b0c0d"))).seq == 6
