@@ -76,11 +76,7 @@ async def relay(
         return await _update_step(upstreams, ask, path, body)
     # A node that has left the fleet is asked only what it holds (that is how it comes back).
     everyone = path == fleet.WEIGHT_INFO_PATH
-    nodes = (
-        upstreams.generate
-        if everyone
-        else fleet.taking_part(upstreams.generate, *upstreams.node_clock())
-    )
+    nodes = upstreams.generate if everyone else upstreams.poller.taking_part()
     if not nodes:
         raise UpstreamUnavailable(f"{path}: no generate node is reachable")
     view = upstreams.view()
@@ -95,7 +91,7 @@ async def relay(
         )
     fleet.learn_pausing(path, nodes, answers)
     if path == fleet.WEIGHT_INFO_PATH:
-        upstreams.learn_versions(nodes, answers, asked_at)
+        upstreams.poller.learn(nodes, answers, asked_at)
         view = upstreams.view()
     refusal = fleet.refused_alike(answers)
     if refusal is not None:
@@ -116,16 +112,21 @@ async def _update_step(
     upstreams: Upstreams, ask: fleet.Ask, path: str, body: bytes
 ) -> tuple[int, Any]:
     """One step of a weight update (``tandem_client.fleet``'s protocol), judged on what the
-    nodes hold as it begins; the update's id reaches the nodes with its start."""
-    await upstreams.refresh_versions()
-    view = upstreams.view()
-    nodes = fleet.taking_part(upstreams.generate, *upstreams.node_clock())
+    nodes hold as it begins; the update's id reaches the nodes with its start. This worker
+    may not be the one that ran the update's start (nor its earlier chunks): a chunk and a
+    finish go to the nodes that tell they take part in it (``fleet.in_update``)."""
+    poller = upstreams.poller
+    began = time.monotonic()
+    await poller.refresh()
+    view = poller.view()
+    nodes = poller.taking_part()
+    if path in (fleet.UPDATE_PATH, fleet.FINISH_PATH):
+        nodes = fleet.in_update(nodes, began)
     if not nodes:
         raise UpstreamUnavailable(f"{path}: no generate node is reachable")
     if path == fleet.START_PATH:
-        result = await fleet.start_update(ask, nodes, view, upstreams.seq_mark)
-        if result.update_id is not None:
-            upstreams.seq_mark = max(upstreams.seq_mark, result.update_id.seq)
+        result = await fleet.start_update(ask, nodes, view, poller.seq_mark)
+        poller.minted(result.update_id)
     elif path == fleet.UPDATE_PATH:
         result = await fleet.send_chunk(ask, nodes, view, body, {})
     elif path == fleet.FINISH_PATH:
@@ -133,7 +134,7 @@ async def _update_step(
     else:
         result = await fleet.abort_update(ask, nodes, view)
     if path in (fleet.FINISH_PATH, fleet.ABORT_PATH, fleet.UPDATE_PATH):
-        await upstreams.refresh_versions()  # this worker fences at once
+        await poller.refresh()  # this worker fences at once
     if result.refusal is not None:
         return result.refusal.status, result.refusal.body
     after = upstreams.view()

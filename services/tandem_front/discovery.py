@@ -55,7 +55,7 @@ class NodeWatch:
                 joined = self.upstreams.set_nodes(tier, source.urls)
                 ask = ask or (tier == "generate" and bool(joined))
         if ask or self.upstreams.view().fenced(self.upstreams.generate):
-            await self.upstreams.refresh_versions()
+            await self.upstreams.poller.refresh()
 
     async def run(self) -> None:
         """``refresh`` every ``discovery_interval_s`` until cancelled."""

@@ -4,7 +4,6 @@ weight versions (the rules are ``tandem_client.fleet``'s)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -17,8 +16,10 @@ import httpx
 from tandem_client import fleet
 from tandem_client.discovery import DNS_PREFIX
 from tandem_client.fleet import NodeAnswer
+from tandem_client.poller import FleetPoller
 from tandem_client.unix_nodes import UNIX_PREFIX, node_client
 from tandem_http import MAX_BODY_HEADER
+from tandem_wire.error_types import OVERLOADED
 
 from .metrics import FrontMetrics
 from .settings import FrontSettings
@@ -92,26 +93,19 @@ class Upstreams:
             event_hooks={"response": [self._learn]},
         )
         self._by_origin = {_origin(n.url): n for n in (*self.render, *self.generate)}
-        self._watch: asyncio.Task[None] | None = None
-        self._disagreed = asyncio.Event()
-        self.seq_mark = 0
-        """The highest update SEQ this worker minted or was told (``fleet.next_seq_mark``):
-        it outlives nodes that leave or restart."""
+        self.poller: FleetPoller[Node] = FleetPoller(
+            self.ask, lambda: self.generate, settings.node_timeout_s, settings.fence_poll_s
+        )
+        """What this worker knows of the generate nodes' weights (shared with
+        ``tandem_client``'s)."""
 
     async def start(self) -> None:
         """Ask the generate nodes their weights, and serve nothing before each answered once
         or timed out (``--control-timeout-s``); then ask again every ``fence_poll_s``."""
-        await fleet.poll(self.ask, self.generate, learnt=self._learnt)
-        self._watch = asyncio.create_task(
-            fleet.watch(self._poll_round, self.settings.fence_poll_s, self._disagreed)
-        )
+        await self.poller.start()
 
     async def aclose(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-        await fleet.stop_polls(self.generate)
+        await self.poller.aclose()
         await self.http.aclose()
 
     def set_nodes(self, tier: str, urls: Sequence[str]) -> list[Node]:
@@ -129,19 +123,9 @@ class Upstreams:
         self._by_origin = {_origin(n.url): n for n in (*self.render, *self.generate)}
         return [n for n in nodes if n.url not in old]
 
-    async def _poll_round(self) -> bool:
-        """One round of the watch (``refresh_versions``); True when a node is fenced (not
-        merely unreachable)."""
-        await self.refresh_versions()
-        return self._fenced_now(self.generate)
-
-    def node_clock(self) -> tuple[float, float]:
-        """(now, node timeout): what ``tandem_client.fleet`` judges reachability by."""
-        return time.monotonic(), self.settings.node_timeout_s
-
     def view(self) -> fleet.FleetView:
         """The generate fleet as judged now (``tandem_client.fleet.judge``)."""
-        return fleet.judge(self.generate, time.monotonic(), self.settings.node_timeout_s)
+        return self.poller.view()
 
     def render_order(self) -> list[Node]:
         """Render nodes, least pending first (ties broken at random), unreachable ones last."""
@@ -175,7 +159,8 @@ class Upstreams:
         except httpx.PoolTimeout:
             # The door's own connections were all in use: the node was not asked, so it
             # neither cools down nor counts as unreachable (the step still failed on it).
-            return NodeAnswer(node.url, 0, "not asked: the door's connections were all in use")
+            why = "not asked: the door's connections to it were all in use"
+            return NodeAnswer(node.url, 0, {"error": {"type": OVERLOADED, "message": why}})
         except httpx.HTTPError as exc:
             node.cool_down(time.monotonic(), s.node_cooldown_s)
             return NodeAnswer(node.url, 0, f"{type(exc).__name__}: {exc}")
@@ -185,33 +170,6 @@ class Upstreams:
         except (ValueError, json.JSONDecodeError):
             parsed = r.text[:200]
         return NodeAnswer(node.url, r.status_code, parsed)
-
-    async def refresh_versions(self) -> None:
-        """Every generate node's /weight_info, each learnt as it arrives (``fleet.refresh``);
-        waits at most ``fence_poll_s`` for the nodes that answer, so a hung node holds no
-        round of the watch and no update step: it keeps what it last told until its ask
-        times out, and leaves the fleet once unreachable past ``node_timeout_s``."""
-        await fleet.refresh(self.ask, self.generate, self._learnt, self.settings.fence_poll_s)
-
-    def learn_versions(
-        self, nodes: Sequence[Node], answers: Sequence[NodeAnswer], asked_at: float
-    ) -> None:
-        """The nodes' ``/weight_info`` answers, asked at ``asked_at`` (monotonic), learnt."""
-        for node, answer in zip(nodes, answers, strict=True):
-            node.heard_from(answer, asked_at)
-        self._fenced_now(nodes)
-
-    def _learnt(self, node: fleet.Node) -> None:
-        self._fenced_now([node])
-
-    def _fenced_now(self, nodes: Sequence[fleet.Node]) -> bool:
-        """Whether one of ``nodes`` is fenced (not merely unreachable): then the watch asks
-        again soon (``fleet.watch``). Every SEQ told goes into the mark."""
-        self.seq_mark = fleet.next_seq_mark(self.seq_mark, nodes)
-        fenced = fleet.fenced_now(self.view(), nodes)
-        if fenced:
-            self._disagreed.set()
-        return fenced
 
     async def _learn(self, response: httpx.Response) -> None:
         """Any answer from a node may tell its body cap (generate's /health does)."""
@@ -257,8 +215,7 @@ class Upstreams:
             node.checked_at = time.monotonic()
             if ok:
                 node.healthy_at = node.checked_at
-                node.down_until = 0.0
-                node.reached()
+                node.healthy()
 
         await asyncio.gather(*(check(n) for n in nodes))
         return [n for n in nodes if n.healthy_at == n.checked_at]

@@ -56,6 +56,7 @@ from .errors import (
     error_from_response,
 )
 from .media import ImageLike, MediaLike, image_source, media_source
+from .poller import FleetPoller
 from .rollout import RolloutResult, rollout
 from .routing import ROUTE_KEY_HEADER, RoundRobin, affinity_key
 from .unix_nodes import node_client
@@ -203,10 +204,10 @@ class AsyncTandemClient:
         self.fence_poll_s = fence_poll_s
         self.timeout_s = timeout_s
         self._nodes: dict[str, fleet.Node] = {}
-        self._seq_mark = 0
-        """The highest update SEQ minted or told (``fleet.next_seq_mark``)."""
-        self._watch: asyncio.Task[None] | None = None
-        self._disagreed = asyncio.Event()
+        self._poller: FleetPoller[fleet.Node] = FleetPoller(
+            self._ask, self._every_node, node_timeout_s, fence_poll_s, self._learnt
+        )
+        """What this client knows of the generate nodes' weights (shared with the door's)."""
         # Nodes that failed since they last told their weight version: asked before new work
         # (a node that comes back is a new process, maybe with its checkpoint's weights).
         self._suspect: set[str] = set()
@@ -237,10 +238,7 @@ class AsyncTandemClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
-        await fleet.stop_polls(list(self._nodes.values()))
+        await self._poller.aclose()
         await self._http.aclose()
 
     # -- transport ---------------------------------------------------------------------------
@@ -424,8 +422,7 @@ class AsyncTandemClient:
         return [n.url for n in order]
 
     def _view(self) -> fleet.FleetView:
-        nodes = [self._nodes[u] for u in self.generate_urls]
-        return fleet.judge(nodes, time.monotonic(), self.node_timeout_s)
+        return self._poller.view()
 
     def _generate_nodes_are(self, urls: Sequence[str]) -> None:
         """The generate node set is now ``urls``: nodes that stay keep what this client knows
@@ -445,9 +442,9 @@ class AsyncTandemClient:
         """Look the generate names up again once their interval has passed; a node that
         joined is asked what it holds, and gets requests only if it holds the fleet's weights.
         At the first call, every node is asked before anything is sent (``_start_watch``)."""
-        if self._watch is None:
+        if not self._poller.started:
             async with self._discovering:
-                if self._watch is None:
+                if not self._poller.started:
                     await self._start_watch()
         source = self._generate_source
         if not source.due():
@@ -461,7 +458,7 @@ class AsyncTandemClient:
             # New nodes, and fenced ones (they may have caught up), are asked what they hold.
             fenced = set(self.fenced())
             stale = [u for u in self.generate_urls if u not in known or u in fenced]
-            await self._refresh_versions([self._nodes[u] for u in stale])
+            await self._poller.ask_now([self._nodes[u] for u in stale])
 
     async def _start_watch(self) -> None:
         """Judge the fleet now (each node answered once or timed out) and every
@@ -469,24 +466,16 @@ class AsyncTandemClient:
         if self._generate_source.due():
             if await self._generate_source.refresh():
                 self._generate_nodes_are(self._generate_source.urls)
-        await fleet.poll(self._ask, self._every_node(), learnt=self._learnt)
-        self._watch = asyncio.ensure_future(
-            fleet.watch(self._poll_round, self.fence_poll_s, self._disagreed)
-        )
-
-    async def _poll_round(self) -> bool:
-        nodes = self._every_node()
-        await fleet.refresh(self._ask, nodes, self._learnt, self.fence_poll_s)
-        return fleet.fenced_now(self._view(), nodes)
+        await self._poller.start()
 
     def _every_node(self) -> list[fleet.Node]:
         return [self._nodes[u] for u in self.generate_urls]
 
     def _learnt(self, node: fleet.Node) -> None:
-        """A node's /weight_info answer (or failure) was just taken."""
+        """A node's /weight_info answer (or failure) was just taken: one that answered has
+        told what it holds, and needs no asking before new work."""
         if node.unreachable_since is None:
             self._suspect.discard(node.url)
-        self._seq_mark = fleet.next_seq_mark(self._seq_mark, [node])
 
     async def _recheck_suspects(self) -> None:
         """Nodes that failed and whose cool-down is over are asked what they hold before they
@@ -496,7 +485,7 @@ class AsyncTandemClient:
         now = time.monotonic()
         due = [self._nodes[u] for u in self._suspect if self._nodes[u].down_until <= now]
         if due:
-            await self._refresh_versions(due)
+            await self._poller.ask_now(due)
 
     def _node_failed(self, url: str) -> None:
         self._nodes[url].cool_down(time.monotonic(), self.node_cooldown_s)
@@ -672,15 +661,6 @@ class AsyncTandemClient:
         except ValueError:
             return fleet.NodeAnswer(node.url, r.status_code, r.text[:200])
 
-    async def _refresh_versions(self, nodes: Sequence[fleet.Node]) -> list[fleet.NodeAnswer]:
-        """Ask ``nodes`` their weight versions (a node that does not answer keeps what it told)."""
-        asked_at = time.monotonic()
-        answers = await fleet.ask_each(self._ask, nodes, "GET", fleet.WEIGHT_INFO_PATH)
-        for node, answer in zip(nodes, answers, strict=True):
-            node.heard_from(answer, asked_at)
-            self._learnt(node)
-        return answers
-
     async def pause(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
         """Pause generation on every node (vLLM's modes: ``keep`` freezes requests in flight
         until ``resume``, ``wait`` lets them finish first, ``abort`` ends them)."""
@@ -694,7 +674,7 @@ class AsyncTandemClient:
         """Each node's current weight version, by URL."""
         await self._discover()
         nodes = [self._nodes[u] for u in self.generate_urls]
-        for answer in await self._refresh_versions(nodes):
+        for answer in await self._poller.ask_now(nodes):
             if not answer.ok:
                 if answer.status == 0:
                     raise TransportError(f"{answer.url}/weight_info: {answer.body}")
@@ -743,12 +723,11 @@ class AsyncTandemClient:
         """start -> one chunk -> finish on every node that has not left the fleet, by
         ``tandem_client.fleet``'s protocol (the front door runs the same steps)."""
         everyone = [self._nodes[u] for u in self.generate_urls]
-        await self._refresh_versions(everyone)
+        await self._poller.ask_now(everyone)
         view = self._view()
-        going = fleet.taking_part(everyone, time.monotonic(), self.node_timeout_s)
-        started = await fleet.start_update(self._ask, going, view, self._seq_mark)
-        if started.update_id is not None:
-            self._seq_mark = max(self._seq_mark, started.update_id.seq)
+        going = self._poller.taking_part()
+        started = await fleet.start_update(self._ask, going, view, self._poller.seq_mark)
+        self._poller.minted(started.update_id)
         if started.refusal is not None:
             raise _refusal(started.refusal)
         if started.failures:
@@ -772,7 +751,7 @@ class AsyncTandemClient:
         receipt = UpdateReceipt.begin(started.update_id).took(chunk) if started.update_id else None
         finished = await fleet.finish_update(self._ask, sent.succeeded, view, body, {}, receipt)
         failures += [{**a.summary(), "step": "finish"} for a in finished.failures]
-        await self._refresh_versions(everyone)
+        await self._poller.ask_now(everyone)
         after = self._view()
         self._suspect.update(n.url for n in after.fenced(everyone))
         if failures:

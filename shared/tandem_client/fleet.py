@@ -2,7 +2,9 @@
 the weight-update protocol (start -> chunks -> finish, abort), one step at a time.
 
 One module for the front door and ``tandem_client`` (neither keeps a copy). It holds no
-connection: callers pass an ``Ask`` (one HTTP call to one node) and their own ``Node`` objects.
+connection: callers pass an ``Ask`` (one HTTP call to one node) and their own ``Node`` objects
+(``tandem_client.node_state``: what each told, and the transitions that change it), kept fresh
+by their ``tandem_client.poller.FleetPoller``.
 
 **Which weights are the fleet's** is judged by what each node loaded, never by its label or a
 clock. Every update gets an id from whoever runs it (``tandem_wire.control.UpdateId``:
@@ -34,14 +36,11 @@ been written since (its ``weights_id`` then equals the others').
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-import msgspec
 
 from tandem_wire import error_types
 from tandem_wire.control import (
@@ -52,6 +51,15 @@ from tandem_wire.control import (
     UpdateReceipt,
 )
 
+from .node_state import (
+    Node,
+    NodeAnswer,
+    NodeState,
+    Serving,
+    is_count,
+    receipt_seq,
+    told_receipt,
+)
 from .routing import rendezvous_order
 
 __all__ = [
@@ -69,6 +77,7 @@ __all__ = [
     "FleetView",
     "Node",
     "NodeAnswer",
+    "NodeState",
     "StepResult",
     "abort_update",
     "ask_each",
@@ -77,16 +86,14 @@ __all__ = [
     "least_pending",
     "next_seq_mark",
     "poll",
-    "refresh",
-    "fenced_now",
-    "stop_polls",
     "refused_alike",
     "rendezvous_nodes",
     "send_chunk",
     "start_update",
     "learn_pausing",
+    "in_update",
+    "MostTaken",
     "taking_part",
-    "watch",
 ]
 
 START_PATH = "/start_weight_update"
@@ -113,119 +120,6 @@ RESTARTED = "restarted"
 STEP_FAILED = "update_step_failed"
 
 
-@dataclass
-class Node:
-    """One generate (or render) node as one router process sees it."""
-
-    url: str
-    pending: int = 0
-    """Requests this router has in flight on the node (render spreads by it)."""
-    down_until: float = 0.0
-    """Until then (monotonic clock) the node comes last: it refused a connection."""
-    unreachable_since: float | None = None
-    """When (monotonic) it stopped answering; None while it answers."""
-    weight_version: str | None = None
-    """Its label, as it last reported at /weight_info (None: it never answered)."""
-    weights_id: str | None = None
-    """What it holds (``tandem_wire.control.WeightInfo``); None: never told."""
-    applied: tuple[int, ...] = ()
-    """The sequence numbers of the updates it applied, newest first."""
-    seen_seq: int = 0
-    unclean: str | None = None
-    unwritten: int | None = None
-    transfer_ready: bool | None = None
-    """Whether it can take an update now (None: it did not say)."""
-    transfer_backend: str | None = None
-    """How it takes updates (``nccl``, ``tandem_file``...; None: it takes none, or did not say)."""
-    paused: bool | None = None
-    """Its engine is paused (new requests wait until a ``/resume``); None: it did not say."""
-    heard: bool = False
-    """A ``/weight_info`` asked of it was answered or failed: until then it serves nothing."""
-    seen_high: int = 0
-    """The highest ``seen_seq`` it ever told this router (kept across its restarts)."""
-    restarted_at: int | None = None
-    """It told less than it had (a new process): every update up to this SEQ is lost on it.
-    None once it applied a newer one, or while no restart was seen."""
-    step_failed_at: float | None = None
-    """When (monotonic) an update step failed on it: fenced until a /weight_info asked after
-    that is learnt, without waiting for a poll."""
-    polling: asyncio.Task[None] | None = field(default=None, repr=False, compare=False)
-    """The /weight_info ask in flight (one at a time: a hung node is not asked again)."""
-
-    def learn(self, weight_info: Any) -> bool:
-        """Take a /weight_info answer; False when it is not one. Upstream vLLM's, which has
-        only the label, stands for weights named by that label."""
-        if not isinstance(weight_info, dict) or "weight_version" not in weight_info:
-            return False
-        self.heard = True
-        told = weight_info["weight_version"]  # null from a door with no serving node
-        self.weight_version = None if told is None else str(told)
-        wid = weight_info.get("weights_id")
-        self.weights_id = str(wid) if isinstance(wid, str) else f"label:{self.weight_version}"
-        seqs = weight_info.get("applied_seqs")
-        newest = self.applied[0] if self.applied else 0
-        self.applied = tuple(s for s in seqs if _count(s)) if isinstance(seqs, list) else ()
-        seen: Any = weight_info.get("seen_seq")
-        self.seen_seq = seen if _count(seen) else max(self.applied, default=0)
-        self._restart_check(newest)
-        paused = weight_info.get("paused")
-        self.paused = paused if isinstance(paused, bool) else None
-        unclean = weight_info.get("unclean")
-        self.unclean = str(unclean) if unclean else None
-        left = weight_info.get("unwritten")
-        self.unwritten = left if _count(left) else None
-        transfer = weight_info.get("weight_transfer")
-        transfer = transfer if isinstance(transfer, dict) else {}
-        ready, backend = transfer.get("ready"), transfer.get("backend")
-        self.transfer_ready = ready if isinstance(ready, bool) else None
-        self.transfer_backend = backend if isinstance(backend, str) else None
-        return True
-
-    def _restart_check(self, newest_before: int) -> None:
-        """A node's record only grows (``seen_seq``; ``applied_seqs`` keep their newest):
-        one that tells less than it had is a new process holding its checkpoint."""
-        lost_newest = (
-            newest_before > 0
-            and newest_before not in self.applied
-            and len(self.applied) < APPLIED_REPORTED
-        )
-        if self.seen_seq < self.seen_high or lost_newest:
-            self.restarted_at = max(self.restarted_at or 0, self.seen_high, newest_before)
-        if self.restarted_at is not None and self.applied and self.applied[0] > self.restarted_at:
-            self.restarted_at = None  # it took an update newer than all it lost
-        self.seen_high = max(self.seen_high, self.seen_seq)
-
-    def heard_from(self, answer: NodeAnswer, asked_at: float) -> None:
-        """A /weight_info answer (or failure) to an ask sent at ``asked_at`` (monotonic)."""
-        self.heard = True
-        if answer.ok and self.learn(answer.body):
-            failed = self.step_failed_at
-            if failed is not None and asked_at >= failed:
-                self.step_failed_at = None
-
-    def step_failed(self) -> None:
-        """An update step failed on it: it is fenced now, until it tells what it holds."""
-        self.step_failed_at = time.monotonic()
-
-    def cool_down(self, now: float, seconds: float) -> None:
-        self.down_until = now + seconds
-        if self.unreachable_since is None:
-            self.unreachable_since = now
-
-    def reached(self) -> None:
-        """It answered."""
-        self.unreachable_since = None
-
-    def gone(self, now: float, node_timeout_s: float) -> bool:
-        """Unreachable for longer than the node timeout: it has left the fleet."""
-        since = self.unreachable_since
-        return since is not None and now - since > node_timeout_s
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 N = TypeVar("N", bound=Node)
 
 
@@ -240,6 +134,9 @@ class FleetView:
     """The node whose weights are the fleet's (None: no reachable clean node told any)."""
     reasons: dict[str, str | None] = field(default_factory=dict)
     """Per node URL: why it may not serve (None: it may)."""
+    at: float = 0.0
+    """When (monotonic) it was judged."""
+    node_timeout_s: float = float("inf")
 
     @property
     def weights_id(self) -> str | None:
@@ -251,6 +148,15 @@ class FleetView:
 
     def serves(self, node: Node) -> bool:
         return self.reasons.get(node.url, UNREACHABLE) is None
+
+    def state(self, node: Node) -> NodeState:
+        """The node's state as one value (``tandem_client.node_state``), as judged."""
+        reason = self.reasons.get(node.url, UNREACHABLE)
+        if reason is None:
+            serving = Serving.PAUSED if node.paused else Serving.SERVING
+        else:
+            serving = Serving.RESTARTED if reason == RESTARTED else Serving.FENCED
+        return NodeState(node.reach(self.at, self.node_timeout_s), serving, reason, node.update)
 
     def fenced(self, nodes: Sequence[N]) -> list[N]:
         return [n for n in nodes if not self.serves(n)]
@@ -269,7 +175,7 @@ def judge(nodes: Sequence[Node], now: float, node_timeout_s: float) -> FleetView
     """Which weights are the fleet's and which nodes may serve (see the module doc)."""
     live = [n for n in nodes if not n.gone(now, node_timeout_s)]
     told = [n for n in live if n.weights_id is not None]
-    clean = [n for n in told if n.unclean is None and n.step_failed_at is None]
+    clean = [n for n in told if n.told.unclean is None and n.step_failed_at is None]
     holders: dict[str | None, int] = {}
     for n in clean:
         holders[n.weights_id] = holders.get(n.weights_id, 0) + 1
@@ -282,10 +188,10 @@ def judge(nodes: Sequence[Node], now: float, node_timeout_s: float) -> FleetView
     )
     # Backends whose trainer's group is set up on some node (a node of the same backend that is
     # not in it was found later: it can take no update).
-    set_up = {n.transfer_backend for n in told if n.transfer_ready}
+    set_up = {n.told.transfer_backend for n in told if n.told.transfer_ready}
     alive = set(map(id, live))
     reasons = {n.url: _reason(n, id(n) in alive, reference, bool(told), set_up) for n in nodes}
-    return FleetView(reference, reasons)
+    return FleetView(reference, reasons, now, node_timeout_s)
 
 
 def _reason(
@@ -299,12 +205,12 @@ def _reason(
         return STEP_FAILED
     if n.weights_id is None:
         return NOT_TOLD if any_told else None
-    if n.unclean is not None:
-        return f"{UNCLEAN}: {n.unclean}"
+    if n.told.unclean is not None:
+        return f"{UNCLEAN}: {n.told.unclean}"
     if (
-        n.transfer_ready is False
-        and n.transfer_backend is not None
-        and n.transfer_backend in set_up
+        n.told.transfer_ready is False
+        and n.told.transfer_backend is not None
+        and n.told.transfer_backend in set_up
     ):
         return NO_TRANSFER
     if reference is None or n.weights_id != reference.weights_id:
@@ -336,37 +242,6 @@ def least_pending(nodes: Sequence[N], now: float) -> list[N]:
 
 
 # -- asking nodes ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeAnswer:
-    """What one node said (``status`` 0: it could not be reached, ``body`` says how)."""
-
-    url: str
-    status: int
-    body: Any
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    @property
-    def type(self) -> str:
-        info = self.body.get("error") if isinstance(self.body, dict) else None
-        kind = info.get("type") if isinstance(info, dict) else None
-        return str(kind) if kind else ("unreachable" if self.status == 0 else f"http_{self.status}")
-
-    def describe(self) -> str:
-        """``url (status type)``, or ``url (unreachable: how)``, for a message."""
-        if self.status == 0:
-            return f"{self.url} (unreachable: {self.body})"
-        return f"{self.url} ({self.status} {self.type})"
-
-    def summary(self) -> dict[str, Any]:
-        """How a failed node is named to the caller: url, status, error type and message."""
-        info = self.body.get("error") if isinstance(self.body, dict) else None
-        message = info.get("message") if isinstance(info, dict) else self.body
-        return {"url": self.url, "status": self.status, "type": self.type, "message": message}
 
 
 Ask = Callable[[Node, str, str, bytes, Mapping[str, str]], Awaitable[NodeAnswer]]
@@ -414,74 +289,10 @@ async def poll(
         await asyncio.wait(pending, timeout=wait_s)
 
 
-async def refresh(
-    ask: Ask,
-    nodes: Sequence[Node],
-    learnt: Callable[[Node], None] | None = None,
-    wait_s: float | None = None,
-) -> None:
-    """``poll`` every node, waiting (at most ``wait_s``) for those that answer: a node already
-    unreachable is asked but not waited for (it keeps what it last told, and leaves the fleet
-    once unreachable past the node timeout); one whose ask is still in flight is not asked
-    again. Every answer is learnt as it arrives, the late ones too."""
-    answering = [n for n in nodes if n.unreachable_since is None]
-    await poll(ask, nodes, 0.0, learnt)
-    await poll(ask, answering, wait_s, learnt)
-
-
-def fenced_now(view: FleetView, nodes: Sequence[Node]) -> bool:
-    """Whether one of ``nodes`` is fenced, not merely unreachable (the watch asks again soon)."""
-    return any(view.reasons.get(n.url) not in (None, UNREACHABLE) for n in nodes)
-
-
-async def stop_polls(nodes: Sequence[Node]) -> None:
-    """Cancel the ``/weight_info`` asks still in flight (the router is closing)."""
-    tasks = [n.polling for n in nodes if n.polling is not None and not n.polling.done()]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-RECHECK_FIRST_S = 0.1
-"""How soon a router asks the nodes again after it saw one fenced; the wait doubles while one
-still is, up to the poll period."""
-
-
-async def watch(
-    refresh: Callable[[], Awaitable[bool]], period_s: float, wake: asyncio.Event
-) -> None:
-    """Judge the fleet every ``period_s`` until cancelled (the door and ``tandem_client``
-    alike): ``refresh()`` asks the nodes and says whether one is fenced (not merely
-    unreachable); ``wake`` set asks again at once. A read that falls inside a fleet update (one
-    node finished, the other not yet) fences the slower node; asking again soon, and less often
-    while one is still fenced, lets it back in once the update has reached it."""
-    log = logging.getLogger("tandem.fleet")
-    backoff: float | None = None
-    while True:
-        wake.clear()
-        try:
-            fenced = await refresh()
-        except Exception:  # fencing must outlive one bad round
-            log.exception("asking the generate nodes their weights failed; asking again")
-            fenced = False
-        if fenced or wake.is_set():
-            backoff = RECHECK_FIRST_S if backoff is None else 2 * backoff
-            await asyncio.sleep(min(backoff, period_s))
-            continue
-        backoff = None
-        # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands as the event
-        # is set (a request that fenced a node just before shutdown), and the router hangs.
-        woken = asyncio.ensure_future(wake.wait())
-        try:
-            await asyncio.wait({woken}, timeout=period_s)
-        finally:
-            woken.cancel()
-
-
 def next_seq_mark(mark: int, nodes: Sequence[Node]) -> int:
     """The highest SEQ a router knows of: its own ``mark`` (every id it minted and every
     ``seen_seq`` it was told, by nodes that left or restarted too) and the nodes' now."""
-    return max([mark, *(max(n.seen_seq, n.seen_high) for n in nodes)])
+    return max([mark, *(max(n.told.seen_seq, n.seen_high) for n in nodes)])
 
 
 # -- the update protocol, one step at a time ---------------------------------------------------
@@ -513,12 +324,27 @@ def learn_pausing(path: str, nodes: Sequence[Node], answers: Sequence[NodeAnswer
         return
     for node, answer in zip(nodes, answers, strict=True):
         if answer.ok:
-            node.paused = paused
+            node.pause_answered(paused)
 
 
 def taking_part(nodes: Sequence[N], now: float, node_timeout_s: float) -> list[N]:
-    """The nodes an update goes to: every node that has not left the fleet."""
+    """The nodes an update's start goes to: every node that has not left the fleet."""
     return [n for n in nodes if not n.gone(now, node_timeout_s)]
+
+
+def in_update(nodes: Sequence[N], told_since: float) -> list[N]:
+    """The nodes a chunk or a finish goes to, for a router that keeps nothing between steps
+    (the door): those taking part in the newest update under way, as they told. A node that
+    told since ``told_since`` that it takes no part in it missed its start (it had left the
+    fleet, or discovery found it since): it would refuse the step, failing the trainer's
+    update on nodes that all took it; left out, it stays fenced until it applies a later
+    update. One that did not tell since is asked (it may have started). When no node tells
+    an update under way (upstream vLLM's nodes do not), every node is asked."""
+    ids = [n.update for n in nodes if n.update is not None]
+    if not ids:
+        return list(nodes)
+    newest = max(ids, key=_seq_of_id)
+    return [n for n in nodes if n.told.asked_at < told_since or n.update == newest]
 
 
 def _result(
@@ -536,6 +362,19 @@ def refused_alike(answers: Sequence[NodeAnswer]) -> NodeAnswer | None:
     return answers[0] if alike else None
 
 
+MINT_ATTEMPTS = 3
+"""Starts tried, each with an id minted above the SEQs the nodes refused it for: a router
+racing another for the next SEQ is not refused for ever, one that keeps losing is told so."""
+
+
+def _seen_seq(answer: NodeAnswer) -> int:
+    """The ``seen_seq`` a ``weight_update_seq_seen`` refusal tells (0: it does not)."""
+    info = answer.body.get("error") if isinstance(answer.body, dict) else None
+    details = info.get("details") if isinstance(info, dict) else None
+    seen: Any = details.get("seen_seq") if isinstance(details, dict) else None
+    return int(seen) if is_count(seen) else 0
+
+
 async def start_update(
     ask: Ask, nodes: Sequence[Node], view: FleetView, seq_mark: int = 0
 ) -> StepResult:
@@ -546,8 +385,17 @@ async def start_update(
     behind = view.fenced(nodes)
     # A fenced node may be left mid-update by the update it failed: ended, so it can join.
     await ask_each(ask, behind, "POST", ABORT_PATH)
-    uid = UpdateId.mint(next_seq_mark(seq_mark, nodes))
-    answers = await ask_each(ask, nodes, "POST", START_PATH, headers={UPDATE_ID_HEADER: str(uid)})
+    for _ in range(MINT_ATTEMPTS):
+        uid = UpdateId.mint(next_seq_mark(seq_mark, nodes))
+        headers = {UPDATE_ID_HEADER: str(uid)}
+        answers = await ask_each(ask, nodes, "POST", START_PATH, headers=headers)
+        seen = [_seen_seq(a) for a in answers if a.type == error_types.WEIGHT_UPDATE_SEQ_SEEN]
+        if not seen:
+            break
+        # Another router minted this SEQ (this one counted from a stale view): minted again
+        # above what the refusing nodes saw; the nodes that took this id end it at the newer
+        # start, as they end any update a newer one outdates.
+        seq_mark = max(seq_mark, uid.seq, *seen)
     result = _result(nodes, answers, view, update_id=uid)
     if result.failures:
         # Undone wherever it may have started: a node that timed out or failed with a 5xx
@@ -591,9 +439,10 @@ async def finish_update(
     what the node that took the most chunks of the newest update under way took, asked now."""
     if sent is None:
         told = await ask_each(ask, nodes, "GET", WEIGHT_INFO_PATH)
-        sent = _most_taken(told)
-        if sent is _NONE_WHOLE:
+        taken = _most_taken(told)
+        if taken.split:
             return await _finish_nowhere(ask, nodes, view, told)
+        sent = taken.receipt
     if sent is not None:
         headers = {**headers, UPDATE_RECEIVED_HEADER: sent.header()}
     answers = await ask_each(
@@ -602,35 +451,39 @@ async def finish_update(
     return _result(nodes, answers, view)
 
 
-_NONE_WHOLE = UpdateReceipt("", 0, "")
-"""Nodes took different chunks, as many of them: none is known to hold every chunk."""
+@dataclass(frozen=True)
+class MostTaken:
+    """What the nodes took of the newest update under way, as their ``/weight_info`` tells."""
+
+    receipt: UpdateReceipt | None = None
+    """What the node that took the most chunks took: every node must hold it to load the
+    update (None: no node tells an update under way; they finish as vLLM's do)."""
+    split: bool = False
+    """Two nodes took different chunks, as many of them: none is known to hold every chunk."""
 
 
-def _most_taken(answers: Sequence[NodeAnswer]) -> UpdateReceipt | None:
-    """The receipt of the node that took the most chunks of the newest update under way, from
-    ``/weight_info`` answers (None: no node is updating, or none tells; ``_NONE_WHOLE`` when
-    two such nodes took different chunks)."""
+def _most_taken(answers: Sequence[NodeAnswer]) -> MostTaken:
+    """What the node that took the most chunks of the newest update under way took, from
+    ``/weight_info`` answers."""
     receipts = []
     for a in answers:
-        told = a.body.get("receiving") if a.ok and isinstance(a.body, dict) else None
-        try:
-            receipt = msgspec.convert(told, UpdateReceipt)
-        except msgspec.ValidationError:
-            continue
-        if _seq_of(receipt):
+        receipt = (
+            told_receipt(a.body.get("receiving")) if a.ok and isinstance(a.body, dict) else None
+        )
+        if receipt is not None:
             receipts.append(receipt)
     if not receipts:
-        return None
-    newest = max(map(_seq_of, receipts))
-    of_newest = [r for r in receipts if _seq_of(r) == newest]
+        return MostTaken()
+    newest = max(map(receipt_seq, receipts))
+    of_newest = [r for r in receipts if receipt_seq(r) == newest]
     most = max(r.chunks for r in of_newest)
     whole = {r for r in of_newest if r.chunks == most}
-    return whole.pop() if len(whole) == 1 else _NONE_WHOLE
+    return MostTaken(whole.pop()) if len(whole) == 1 else MostTaken(split=True)
 
 
-def _seq_of(receipt: UpdateReceipt) -> int:
+def _seq_of_id(update_id: str) -> int:
     try:
-        return UpdateId.parse(receipt.update_id).seq
+        return UpdateId.parse(update_id).seq
     except ValueError:
         return 0
 
@@ -755,7 +608,8 @@ def _weight_versions(answers: list[NodeAnswer], nodes: Sequence[Node], view: Fle
             "reason": view.reasons.get(n.url, UNREACHABLE),
             "missed_seqs": view.missed(n),
             "paused": n.paused,
-            **({"unwritten": n.unwritten} if n.unclean else {}),
+            "state": view.state(n).to_dict(),
+            **({"unwritten": n.told.unwritten} if n.told.unclean else {}),
         }
         for n in nodes
     ]

@@ -6,11 +6,15 @@ A weight update through the front door over two generate nodes, A and B, with on
 at one step: B refuses the step, times out on it, is killed at it, is killed and comes back
 (restarted on its checkpoint) once the update is over, hangs from that step on (SIGSTOP: it
 takes connections and answers nothing, polls and requests included), or restarts at it (the
-call is lost, and B is back on its checkpoint for the next one); the trainer sends every step
+call is lost, and B is back on its checkpoint for the next one), or the door's connections
+are all in use for the call (it never leaves the door); the trainer sends every step
 (start, one chunk, finish) unless the start fails, with a label (``{"weight_version": "new"}``) or
 without (``{}``, as TRL does). Two more: one of three chunks and the door's abort of it are
 both lost on the way to B (the trainer sends the rest), and a trainer that crashes after its
-chunk, leaving both nodes mid-update, followed by a new trainer's update. The nodes are the
+chunk, leaving both nodes mid-update, followed by a new trainer's update. Three more: B is
+unreachable past the node timeout at the start and back before the chunk; another router's
+start with the same SEQ reaches B first; an answer B gave before the update arrives after
+it. The nodes are the
 stand-ins of ``tests/support/fleet_nodes``, which keep the real node record
 (``tandem_generate.weight_ledger``); the door is the real one, in-process.
 ``tests/unit/front/test_fleet_fault_table.py`` checks the page against a new run.
@@ -27,7 +31,7 @@ from tandem_client.routing import ROUTE_KEY_HEADER
 from tandem_front.app import create_app
 from tandem_front.settings import FrontSettings
 from tests.support.asgi import app_client
-from tests.support.fleet_nodes import TENSORS, GenFleet, GenNode
+from tests.support.fleet_nodes import HOLD_HEADER, TENSORS, GenFleet, GenNode
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 BEGIN, END = "<!-- fault-table -->", "<!-- /fault-table -->"
@@ -40,6 +44,7 @@ FAULTS = {
     "comes back": "down",
     "hangs": "hang",
     "restarts": "down",
+    "finds the door's pool full": "pool",
 }
 HUNG = ("weight_info", "inference/v1/generate", *STEPS)
 """What a hung node does not answer: anything (each wait ends at the door's timeouts)."""
@@ -49,8 +54,9 @@ class _NoRender:
     """The door's tokenizer stand-in: the table uses its generate side only."""
 
 
-def _door(fleet: GenFleet) -> object:
+def _door(fleet: GenFleet, node_timeout_s: float = 10.0) -> object:
     settings = FrontSettings(
+        node_timeout_s=node_timeout_s,
         render_urls=("http://r",),
         generate_urls=("http://g1", "http://g2"),
         model="m",
@@ -128,6 +134,57 @@ async def _crashed_trainer(labelled: bool) -> dict[str, str]:
         return await _outcome(c, a, b, caller)
 
 
+async def _missed_start(labelled: bool) -> dict[str, str]:
+    """B is unreachable past the node timeout at the start and back, as it was, before the
+    chunk."""
+    a, b = GenNode("g1", "old"), GenNode("g2", "old")
+    async with app_client(_door(GenFleet(a, b), node_timeout_s=0.05)) as c:
+        b.down = True
+        await c.get("/weight_info")
+        await asyncio.sleep(0.1)
+        return await _outcome(c, a, b, await _update(c, labelled, lambda: _back(b)))
+
+
+def _back(b: GenNode) -> None:
+    b.down = False
+
+
+async def _late_answer(labelled: bool) -> dict[str, str]:
+    """A ``/weight_info`` answer of B from before the update arrives after the update's own."""
+    a, b = GenNode("g1", "old"), GenNode("g2", "old")
+    async with app_client(_door(GenFleet(a, b))) as c:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(c.get("/weight_info", headers={HOLD_HEADER: "g2"}))
+            while not b.holding:  # until B's answer is made, as it is now, and held back
+                await asyncio.sleep(0.001)
+            caller = await _update(c, labelled)
+            b.release.set()
+        return await _outcome(c, a, b, caller)
+
+
+async def _raced_seq(labelled: bool) -> dict[str, str]:
+    """Another router's start, with the SEQ the door mints, reaches B first (and its abort)."""
+    a, b = GenNode("g1", "old"), GenNode("g2", "old")
+    b.fail["start_weight_update"] = "raced"
+    async with app_client(_door(GenFleet(a, b))) as c:
+        return await _outcome(c, a, b, await _update(c, labelled))
+
+
+async def _update(c, labelled: bool, after_start=lambda: None) -> str:
+    """start, one chunk, finish; what the caller saw of each."""
+    seen = []
+    for path, body in (
+        ("/start_weight_update", {}),
+        ("/update_weights", {"update_info": {"path": "new"}}),
+        ("/finish_weight_update", _finish(labelled)),
+    ):
+        r = await c.post(path, json=body)
+        seen.append(_seen(r.status_code, r.json()))
+        if path == "/start_weight_update":
+            after_start()
+    return " · ".join(seen)
+
+
 def _finish(labelled: bool) -> dict[str, str]:
     return {"weight_version": "new"} if labelled else {}
 
@@ -175,6 +232,9 @@ async def rows() -> list[str]:
     for step, fault, scenario in (
         ("update", "B loses chunk 2 of 3 and its abort", _lost_abort),
         ("any", "the trainer crashes mid-update; a new one updates", _crashed_trainer),
+        ("start", "B is gone past the node timeout, back for the chunk", _missed_start),
+        ("start", "another router's start with the same SEQ reaches B first", _raced_seq),
+        ("any", "an answer B gave before the update arrives after it", _late_answer),
     ):
         labelled, bare = await scenario(True), await scenario(False)
         out.append(_row(step, fault, labelled, bare))

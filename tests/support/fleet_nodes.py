@@ -23,12 +23,16 @@ from tandem_wire.control import (
     WeightTransferState,
 )
 
+HOLD_HEADER = "x-test-hold"
+"""A header the door passes on with a control call: the node it names holds its answer back."""
+
 TENSORS = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
 """The stand-in checkpoint's tensors."""
 
 
-def _error(status: int, type_: str, message: str) -> httpx.Response:
-    return httpx.Response(status, json={"error": {"type": type_, "message": message}})
+def _error(status: int, type_: str, message: str, details: dict | None = None) -> httpx.Response:
+    error = {"type": type_, "message": message, **({"details": details} if details else {})}
+    return httpx.Response(status, json={"error": error})
 
 
 class GenNode:
@@ -36,12 +40,18 @@ class GenNode:
     loaded), ``version`` its label; ``fail[step]`` makes a step fail: ``"refuse"`` (500
     ``internal_error``), ``"timeout"`` (the call times out), ``"late"`` (the step is done but
     the answer times out), ``"down"`` (connection refused, from then on: the process is
-    gone)."""
+    gone), ``"raced"`` (at a start: another router's start with the same SEQ, and its abort,
+    got here first), ``"pool"`` (the caller's connection pool is full: the call never leaves
+    it). A call whose ``HOLD_HEADER`` names the node is answered as the node is now, and the
+    answer held back until its ``release`` is set: it arrives after later ones."""
 
     def __init__(self, name: str, version: str = "v0") -> None:
         self.name = name
         self.restart(version)
         self.down = False
+        self.release = anyio.Event()
+        self.holding = 0
+        """Answers it holds back (``HOLD_HEADER``), made."""
         self.paths: list[str] = []
         self.generated: list[str] = []
         """The weights each completion it served was computed with, with its label."""
@@ -80,9 +90,17 @@ class GenNode:
             raise httpx.ConnectError("connection refused", request=request)
         if how == "timeout":
             raise httpx.ReadTimeout("timed out", request=request)
+        if how == "pool":  # the caller's own connections were all in use: never sent
+            self.paths.pop()
+            raise httpx.PoolTimeout("no connection free", request=request)
         if how == "defer":  # a slow node: the step is done later (``catch_up``), unanswered
             self.deferred = request
             raise httpx.ReadTimeout("timed out", request=request)
+        if how == "raced":  # another router's start with the same SEQ got here first
+            self.fail.pop(step)
+            told = UpdateId.parse(request.headers[UPDATE_ID_HEADER])
+            self.ledger.start(UpdateId(told.seq, "0" * 16))
+            self.ledger.ended(loaded_in_place=False)
         if how == "refuse":
             if step == "update_weights":
                 self.ledger.ended(loaded_in_place=False)  # vLLM's worker ends the update
@@ -109,6 +127,10 @@ class GenNode:
             return httpx.Response(200, json={"status": f"{path[1:]}d"})
         if path == "/start_weight_update":
             told = UpdateId.parse(self._update_id) if self._update_id else None
+            if self.ledger.already_seen(told):  # as generate's control
+                return _error(
+                    409, "weight_update_seq_seen", "seen", {"seen_seq": self.ledger.seen_seq}
+                )
             if self.updating and not self.ledger.outdated_by(told):
                 return conflict
             self.ledger.ended(loaded_in_place=False)  # a newer update ends one left behind
@@ -196,5 +218,8 @@ class GenFleet(httpx.AsyncBaseTransport):
             await anyio.sleep(request.extensions.get("timeout", {}).get("read") or 3600)
             raise httpx.ReadTimeout("no answer", request=request)
         r = node.handle(request)
+        if request.headers.get(HOLD_HEADER) == node.name:
+            node.holding += 1
+            await node.release.wait()
         # As a network answer: its bytes not read yet (the door streams them on).
         return httpx.Response(r.status_code, headers=r.headers, stream=httpx.ByteStream(r.content))

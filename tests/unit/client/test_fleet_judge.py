@@ -8,6 +8,7 @@ import time
 import msgspec
 
 from tandem_client.fleet import Node, NodeAnswer, judge, next_seq_mark, rendezvous_nodes
+from tandem_client.node_state import Told
 from tandem_generate.weight_ledger import WeightLedger
 from tandem_wire.control import UpdateId, WeightTransferState
 
@@ -25,9 +26,19 @@ def apply(led: WeightLedger, seq: int, names: set[str], token: str = "0a0b0c0d")
     led.finished()
 
 
+def parsed(body: dict) -> Told:
+    told = Told.parse(body, asked_at=0.0)
+    assert told is not None
+    return told
+
+
+def told(led: WeightLedger, transfer: WeightTransferState = FILE) -> Told:
+    return parsed(msgspec.to_builtins(led.info("default", transfer)))
+
+
 def node(url: str, led: WeightLedger, transfer: WeightTransferState = FILE) -> Node:
     n = Node(url)
-    assert n.learn(msgspec.to_builtins(led.info("default", transfer)))
+    n.learn(told(led, transfer))
     return n
 
 
@@ -97,7 +108,7 @@ def test_a_node_that_never_told_serves_only_while_no_node_has():
 def test_upstream_nodes_that_tell_a_label_only_are_judged_by_it():
     a, b, c = Node("a"), Node("b"), Node("c")
     for n, label in ((a, "x"), (b, "y"), (c, "y")):
-        assert n.learn({"weight_version": label})
+        n.learn(parsed({"weight_version": label}))
     assert judge([a, b, c], 0.0, 10).reasons == {"a": "other_weights", "b": None, "c": None}
 
 
@@ -130,14 +141,14 @@ def test_a_node_that_tells_less_than_it_had_is_restarted_and_never_the_newest():
         apply(b, seq, {"a.weight"})
     na, nb = node("a", a), node("b", b)
     nb.cool_down(now=0.0, seconds=1.0)  # B stopped answering, and left the fleet
-    assert na.learn(msgspec.to_builtins(ledger().info("default", FILE)))  # A restarted
+    na.learn(told(ledger()))  # A restarted
     view = judge([na, nb], now=20.0, node_timeout_s=10)
     assert view.reference is None and view.reasons == {"a": "restarted", "b": "unreachable"}
     # The next update's SEQ comes from the mark the minter kept, not from the nodes now.
     assert next_seq_mark(3, [na, nb]) == 3 and next_seq_mark(0, [na]) == 3
     restarted = ledger()
     apply(restarted, 4, {"a.weight"})
-    assert na.learn(msgspec.to_builtins(restarted.info("default", FILE)))
+    na.learn(told(restarted))
     nb.reached()  # B comes back with update 3
     view = judge([na, nb], now=21.0, node_timeout_s=10)
     assert view.reference is na and view.reasons == {"a": None, "b": "other_weights"}
@@ -159,8 +170,44 @@ def test_a_node_that_failed_a_step_is_fenced_until_it_tells_what_it_holds_after(
 def test_a_paused_node_gets_nothing_while_another_may_serve():
     na, nb = node("a", ledger()), node("b", ledger())
     view = judge([na, nb], 0.0, 10)
-    nb.paused = True
+    nb.pause_answered(True)
     keys = [f"k{i}" for i in range(16)]
     assert {n.url for k in keys for n in rendezvous_nodes(k, [na, nb], view, 0.0)} == {"a"}
-    na.paused = True  # every node paused: requests wait there, as on one vLLM
+    na.pause_answered(True)  # every node paused: requests wait there, as on one vLLM
     assert {rendezvous_nodes(k, [na, nb], view, 0.0)[0].url for k in keys} == {"a", "b"}
+
+
+def test_an_answer_asked_before_the_one_learnt_is_dropped_not_taken_for_a_restart():
+    # Two asks overlap (a poll, and a caller's own /weight_info): the newer one's answer, after
+    # update 2, arrives first; the older one's, from before it, arrives late.
+    led = ledger()
+    apply(led, 1, {"a.weight"})
+    before = NodeAnswer("a", 200, msgspec.to_builtins(led.info("default", FILE)))
+    apply(led, 2, {"a.weight"})
+    after = NodeAnswer("a", 200, msgspec.to_builtins(led.info("default", FILE)))
+    na = Node("a")
+    na.heard_from(after, asked_at=2.0)
+    na.heard_from(before, asked_at=1.0)
+    assert (na.applied, na.restarted_at) == ((2, 1), None)
+    assert judge([na], 0.0, 10).reasons == {"a": None}  # not "restarted": it serves
+
+
+def test_a_node_s_state_reads_as_one_value_on_each_side():
+    a, b, c = ledger(), ledger(), ledger()
+    apply(a, 1, {"a.weight"})
+    apply(c, 1, {"a.weight"})
+    c.start(UpdateId(2, "0a0b0c0d"))  # C takes part in update 2
+    na, nb, nc = node("a", a), node("b", b), node("c", c)
+    na.pause_answered(True)
+    nb.cool_down(now=5.0, seconds=10.0)  # B refused a call at t=5
+    view = judge([na, nb, nc], now=6.0, node_timeout_s=10)
+    states = {n.url: view.state(n).to_dict() for n in (na, nb, nc)}
+    assert states == {
+        "a": {"reach": "reachable", "serving": "paused", "reason": None, "update": None},
+        "b": {"reach": "cooling", "serving": "fenced", "reason": "other_weights", "update": None},
+        "c": {"reach": "reachable", "serving": "serving", "reason": None, "update": "2-0a0b0c0d"},
+    }
+    # Past the node timeout B is gone; a node telling less than it had is restarted.
+    na.learn(told(ledger()))
+    view = judge([na, nb, nc], now=16.0, node_timeout_s=10)
+    assert (view.state(nb).reach, view.state(na).serving) == ("gone", "restarted")

@@ -149,7 +149,9 @@ async def test_unlabelled_updates_fence_by_what_each_node_loaded():
     f = GenFleet(a, b)
     async with app_client(door(f)) as c:
         steps = await push_unlabelled(c, "u1")
-        assert [s for s, _ in steps] == [200, 502, 502]
+        # B's failed chunk ended its update (the 502 names it); the finish goes to the nodes
+        # still in the update, and all of them finish.
+        assert [s for s, _ in steps] == [200, 502, 200]
         assert (a.version, a.weights, b.version, b.weights) == ("v0", "u1", "v0", "v0")
         info = (await c.get("/weight_info")).json()
         assert info["fenced"] == ["http://g2"]
@@ -258,7 +260,7 @@ async def test_the_version_watch_outlives_a_round_that_fails(monkeypatch):
     app = door(GenFleet(a, b), fence_poll_s=0.05)
     async with app_client(app):
         ups = app.state.forwarder.upstreams  # the door's own node state
-        real = ups.refresh_versions
+        real = ups.poller.refresh
 
         async def flaky():
             calls.append(None)
@@ -266,7 +268,7 @@ async def test_the_version_watch_outlives_a_round_that_fails(monkeypatch):
                 raise RuntimeError("one bad round")
             return await real()
 
-        monkeypatch.setattr(ups, "refresh_versions", flaky)
+        monkeypatch.setattr(ups.poller, "refresh", flaky)
         with anyio.fail_after(30):
             while len(calls) < 3:
                 await anyio.sleep(0.05)
@@ -311,3 +313,48 @@ async def test_an_update_its_trainer_left_mid_way_is_ended_by_the_next_one():
         assert (await c.get("/weight_info")).json()["fenced"] == []
         await generate_many(c)
     assert a.computed_with() == b.computed_with() == {"u2"}
+
+
+async def test_a_node_that_missed_the_start_fails_none_of_the_trainer_s_later_steps():
+    # B is past the node timeout at the start and back before the chunk: the chunk and the
+    # finish go to the nodes that started, and succeed; B stays fenced until a later update.
+    a, b = GenNode("g1"), GenNode("g2")
+    async with app_client(door(GenFleet(a, b), node_timeout_s=0.05)) as c:
+        b.down = True
+        await c.get("/weight_info")  # B stops answering now
+        await anyio.sleep(0.1)  # past the node timeout: it has left the fleet
+        assert (await c.post("/start_weight_update", json={})).status_code == 200
+        assert a.updating and not b.updating
+        b.down = False
+        r = await c.post("/update_weights", json={"update_info": {"path": "v1"}})
+        assert r.status_code == 200, r.json()
+        r = await c.post("/finish_weight_update", json={"weight_version": "v1"})
+        assert r.status_code == 200, r.json()
+        assert (a.weights, b.weights) == ("v1", "v0")
+        assert "/update_weights" not in b.paths and "/finish_weight_update" not in b.paths
+        info = (await c.get("/weight_info")).json()
+        assert info["fenced"] == ["http://g2"] and info["weight_version"] == "v1"
+        b.generated.clear()
+        assert set(await generate_many(c)) == {200}
+        assert b.generated == []
+        assert [s for s, _ in await push(c, "v2")] == [200, 200, 200]
+        assert (await c.get("/weight_info")).json()["fenced"] == []
+    assert a.lying() == [] and b.lying() == []
+
+
+async def test_a_start_whose_seq_a_node_has_seen_is_minted_again_above_it():
+    # Another router's start reaches B between this door's look at the nodes and its own
+    # start, with the same SEQ: B refuses it (409 weight_update_seq_seen), and the door starts
+    # again above, on both nodes, with one id.
+    a, b = GenNode("g1"), GenNode("g2")
+    b.fail["start_weight_update"] = "raced"
+    async with app_client(door(GenFleet(a, b))) as c:
+        r = await c.post("/start_weight_update", json={})
+        assert r.status_code == 200, r.json()
+        assert r.json()["update_id"].startswith("2-")
+        assert a.ledger.current == b.ledger.current and a.ledger.current.seq == 2
+        r = await c.post("/update_weights", json={"update_info": {"path": "u1"}})
+        assert r.status_code == 200
+        assert (await c.post("/finish_weight_update", json={})).status_code == 200
+    assert a.weights == b.weights == "u1"
+    assert a.ledger.info("v0", None).applied_seqs == b.ledger.info("v0", None).applied_seqs == [2]
