@@ -358,3 +358,30 @@ async def test_a_start_whose_seq_a_node_has_seen_is_minted_again_above_it():
         assert (await c.post("/finish_weight_update", json={})).status_code == 200
     assert a.weights == b.weights == "u1"
     assert a.ledger.info("v0", None).applied_seqs == b.ledger.info("v0", None).applied_seqs == [2]
+
+
+async def test_a_node_discovery_finds_mid_update_takes_no_part_in_it():
+    # The name resolves to A and B at the start, and to C too before the chunk: the chunk and
+    # the finish reach A and B only, and succeed; C serves once it holds the fleet's weights.
+    a, b, new = GenNode("10.0.0.1"), GenNode("10.0.0.2"), GenNode("10.0.0.3")
+    names = ["10.0.0.1", "10.0.0.2"]
+
+    async def resolve(name: str, port: int) -> list[str]:
+        return list(names)
+
+    kw = dict(generate_urls=("dns+http://gen.test:8200",), discovery_interval_s=3600.0)
+    app = create_app(settings(**kw), Texts(), GenFleet(a, b, new), resolve=resolve)
+    async with app_client(app) as c:
+        assert (await c.post("/start_weight_update", json={})).status_code == 200
+        names.append("10.0.0.3")
+        await app.state.node_watch.refresh()
+        steps = [
+            await c.post("/update_weights", json={"update_info": {"path": "v1"}}),
+            await c.post("/finish_weight_update", json={"weight_version": "v1"}),
+        ]
+        assert [r.status_code for r in steps] == [200, 200], steps[-1].json()
+        assert "/update_weights" not in new.paths and (a.weights, new.weights) == ("v1", "v0")
+        info = (await c.get("/weight_info")).json()
+        assert info["fenced"] == ["http://10.0.0.3:8200"]
+        assert [s for s, _ in await push(c, "v2")] == [200, 200, 200]
+        assert (await c.get("/weight_info")).json()["fenced"] == []
