@@ -235,6 +235,8 @@ class Log:
     obs: list[Obs] = field(default_factory=list)
     seen: list[tuple[float, int, str]] = field(default_factory=list)
     """(time, node, request id): a request's bytes reached the node's proxy."""
+    node_urls: list[str] = field(default_factory=list)
+    """Each node's URL as the door and the client know it (its proxy's)."""
     cuts: list[tuple[float, int, str]] = field(default_factory=list)
     rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     final_fenced: dict[str, str | None] | None = None
@@ -567,6 +569,7 @@ class Checker:
                 continue
             cover.due += 1
             on = {n for t, n in self.reached.get(op.id, []) if op.start <= t <= op.end}
+            on |= self._named(op.error)
             if any(self._faulted(n, op.start, op.end) for n in on):
                 continue  # the node it was on failed under it
             verdicts = {n: self.could_serve(n, op.start, op.end) for n in range(NODES)}
@@ -579,6 +582,13 @@ class Checker:
             elif unknown := {n: v for n, v in verdicts.items() if isinstance(v, Skip)}:
                 self._skip_refusal(unknown, op)
         return out
+
+    def _named(self, error: str | None) -> set[int]:
+        """The nodes an error names (``generate node URL: the connection failed``): a request
+        sent on a kept-alive connection of a node killed just before fails as that node's,
+        though its bytes never reached the node's proxy to be seen there."""
+        urls = self.log.node_urls
+        return {i for i, url in enumerate(urls) if error and f"{url}:" in error}
 
     def _skip_refusal(self, unknown: dict[int, Skip], op: Op) -> None:
         """A 5xx that no node was seen able to serve, but some node was not seen at all."""
@@ -778,7 +788,7 @@ class Run:
         self.cfg = cfg
         self.stack = stack
         self.proxies = proxies
-        self.log = Log(seed=cfg.seed)
+        self.log = Log(seed=cfg.seed, node_urls=[p.url for p in proxies])
         self.expected = Expected()
         self.prompts: dict[str, Prompt] = {}
         self.client_requests: dict[str, GenerateRequest[Any]] = {}

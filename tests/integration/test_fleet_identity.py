@@ -78,8 +78,9 @@ def test_trl_s_unlabelled_updates_never_serve_old_weights_and_the_fleet_outlives
     flags += ("--node-timeout-s", str(NODE_TIMEOUT_S), "--control-timeout-s", "5")
     with tandem_front(model, dead_render, [a.url, b.url], *flags) as door:
         door.wait_healthy(timeout=120, path="/weight_info")
-        # B refuses its chunk: the update and the finish name it; A finishes, label unchanged.
-        assert trl_update(door.url, "step.safetensors") == [200, 200, 502, 502, 200]
+        # B refuses its chunk: the chunk's answer names it, and B's update is ended; the
+        # finish goes to the nodes still in the update (A), which finishes, label unchanged.
+        assert trl_update(door.url, "step.safetensors") == [200, 200, 502, 200, 200]
         assert completion(a.url, "probe-1") == (ZEROED, "default")
         assert completion(b.url, "probe-2") == (checkpoint_tokens, "default")
         info = httpx.get(f"{door.url}/weight_info").json()

@@ -101,6 +101,23 @@ def test_5xx_only_while_no_node_could_serve():
         [failed], obs=everyone, faults=[Fault("stop", 0, 29, 31)], seen=[(30.1, 0, failed.id)]
     )
     assert on_it == []
+    # A node killed just before: the request went out on its dead kept-alive connection, so
+    # no proxy saw it; its error names the node, and is that node's failure.
+    lost = Op(
+        "chq0000002",
+        "door_generate",
+        "p",
+        30,
+        30.1,
+        502,
+        "generate node http://n1: the connection failed (ReadError)",
+    )
+    killed = [Fault("kill", 1, 29.9, 40)]
+    log = Log(seed=0, ops=[lost], updates=updates(), faults=killed, obs=everyone, end=100.0)
+    log.node_urls = ["http://n0", "http://n1", "http://n2"]
+    assert Checker(log, EXPECTED, CFG).refusals() == []
+    log.node_urls = ["http://n0", "http://n9", "http://n2"]  # it names no faulted node
+    assert "could serve" in Checker(log, EXPECTED, CFG).refusals()[0]
 
 
 def test_the_fleet_serves_again_within_the_node_timeout_and_a_poll_of_the_last_heal():
