@@ -462,7 +462,7 @@ class AsyncTandemClient:
 
     async def _start_watch(self) -> None:
         """Judge the fleet now (each node answered once or timed out) and every
-        ``fence_poll_s`` from then on (``fleet.watch``, as the front door does)."""
+        ``fence_poll_s`` from then on (``FleetPoller``, the front door's own)."""
         if self._generate_source.due():
             if await self._generate_source.refresh():
                 self._generate_nodes_are(self._generate_source.urls)
@@ -625,8 +625,7 @@ class AsyncTandemClient:
         """A control POST on every node that has not left the fleet (``tandem_client.fleet``);
         the first node that fails it raises, typed."""
         await self._discover()
-        everyone = [self._nodes[u] for u in self.generate_urls]
-        nodes = fleet.taking_part(everyone, time.monotonic(), self.node_timeout_s)
+        nodes = self._poller.taking_part()
         query = f"?{urlencode(params)}" if params else ""
         answers = await fleet.ask_each(self._ask, nodes, "POST", path + query)
         fleet.learn_pausing(path, nodes, answers)

@@ -59,6 +59,7 @@ from .node_state import (
     is_count,
     receipt_seq,
     told_receipt,
+    update_seq,
 )
 from .routing import rendezvous_order
 
@@ -343,7 +344,7 @@ def in_update(nodes: Sequence[N], told_since: float) -> list[N]:
     ids = [n.update for n in nodes if n.update is not None]
     if not ids:
         return list(nodes)
-    newest = max(ids, key=_seq_of_id)
+    newest = max(ids, key=update_seq)
     return [n for n in nodes if n.told.asked_at < told_since or n.update == newest]
 
 
@@ -479,13 +480,6 @@ def _most_taken(answers: Sequence[NodeAnswer]) -> MostTaken:
     most = max(r.chunks for r in of_newest)
     whole = {r for r in of_newest if r.chunks == most}
     return MostTaken(whole.pop()) if len(whole) == 1 else MostTaken(split=True)
-
-
-def _seq_of_id(update_id: str) -> int:
-    try:
-        return UpdateId.parse(update_id).seq
-    except ValueError:
-        return 0
 
 
 async def _finish_nowhere(

@@ -283,12 +283,17 @@ def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def receipt_seq(receipt: UpdateReceipt) -> int:
-    """The SEQ of the update a receipt is of (0: not an update id)."""
+def update_seq(update_id: str) -> int:
+    """The SEQ of an update id as a node told it (0: not an update id)."""
     try:
-        return UpdateId.parse(receipt.update_id).seq
+        return UpdateId.parse(update_id).seq
     except ValueError:
         return 0
+
+
+def receipt_seq(receipt: UpdateReceipt) -> int:
+    """The SEQ of the update a receipt is of (0: not an update id)."""
+    return update_seq(receipt.update_id)
 
 
 def told_receipt(told: Any) -> UpdateReceipt | None:
