@@ -85,17 +85,20 @@ def parse_args(argv: Sequence[str] | None = None) -> RenderSettings:
     p.add_argument(
         "--max-images-per-prompt",
         type=int,
-        help=f"most images in one prompt (default: {RenderSettings.max_images_per_prompt})",
+        help="most images in one prompt: vLLM's --limit-mm-per-prompt for them, capped by "
+        "what the model takes (default: the model's own limit, as vllm serve's)",
     )
     p.add_argument(
         "--max-videos-per-prompt",
         type=int,
-        help=f"most videos in one prompt (default: {RenderSettings.max_videos_per_prompt})",
+        help="most videos in one prompt: vLLM's --limit-mm-per-prompt for them, capped by "
+        "what the model takes (default: the model's own limit, as vllm serve's)",
     )
     p.add_argument(
         "--max-audios-per-prompt",
         type=int,
-        help=f"most audio clips in one prompt (default: {RenderSettings.max_audios_per_prompt})",
+        help="most audio clips in one prompt: vLLM's --limit-mm-per-prompt for them, capped by "
+        "what the model takes (default: the model's own limit, as vllm serve's)",
     )
     p.add_argument(
         "--max-pending",

@@ -19,7 +19,7 @@ from tandem_http import (
     MmEmbedsDisabled,
     PromptTooLong,
     TokenOutOfVocabulary,
-    TooManyItems,
+    VllmBadRequest,
 )
 
 from .embeds import EmbedsSpec, decode_embeds_part
@@ -27,6 +27,7 @@ from .embeds import EmbedsSpec, decode_embeds_part
 __all__ = [
     "MEDIA_URL_PREFIX",
     "EmbedsRef",
+    "ItemLimit",
     "MediaRef",
     "PreparedChat",
     "PreparedCompletion",
@@ -66,6 +67,21 @@ _FPS_BOUND = 240
 
 
 @dataclass(frozen=True)
+class ItemLimit:
+    """How many items of one modality a prompt may hold, as vLLM's processor derives it."""
+
+    allowed: int
+    """The limit in force: ``--limit-mm-per-prompt`` (vLLM's default 999) capped by the model."""
+    supported: int | None = None
+    """The most the model itself takes (None: no limit of its own)."""
+
+    @property
+    def most(self) -> int:
+        """The most items a prompt may hold."""
+        return self.allowed if self.supported is None else min(self.supported, self.allowed)
+
+
+@dataclass(frozen=True)
 class ProcessorFacts:
     """What the model's own processor allows, read from its configuration (None: not stated)."""
 
@@ -81,20 +97,21 @@ class ProcessorFacts:
     embeds: Mapping[str, EmbedsSpec] = field(default_factory=dict)
     """By modality: how the model takes precomputed embeddings (empty: it takes none here)."""
 
+    item_limits: Mapping[str, ItemLimit] = field(default_factory=dict)
+    """By modality, the most items a prompt may hold (a modality left out: none)."""
+
 
 @dataclass(frozen=True)
 class RequestLimits:
     """The per-request bounds screened here."""
 
-    max_images: int
-    max_videos: int
+    item_limits: Mapping[str, ItemLimit]
+    """By modality (left out: the model takes none), counted before any media is fetched."""
     mm_kwargs_allowlist: frozenset[str]
     max_kwargs_pixels: int
     """Largest ``min_pixels`` / ``max_pixels`` a request may ask for."""
     max_kwargs_frames: int = 768
     """Largest ``num_frames`` a request may ask for."""
-    max_audios: int = 4
-    """Most audio clips in one prompt."""
     pixels_per_token: int | None = None
     """From the processor: lets ``min_pixels`` be checked against the context before work."""
     max_model_len: int | None = None
@@ -103,12 +120,15 @@ class RequestLimits:
     embeds: Mapping[str, EmbedsSpec] = field(default_factory=dict)
     """By modality, what an embedding part must look like for this model."""
 
+    def most_items(self, modality: str) -> int:
+        """The most items of ``modality`` a prompt may hold (0: the model takes none)."""
+        limit = self.item_limits.get(modality)
+        return 0 if limit is None else limit.most
+
     @classmethod
     def build(
         cls,
         *,
-        max_images: int,
-        max_videos: int,
         allowlist: frozenset[str],
         facts: ProcessorFacts,
         max_model_len: int | None,
@@ -116,15 +136,18 @@ class RequestLimits:
         max_kwargs_frames: int | None = None,
         max_image_pixels: int,
         enable_mm_embeds: bool = False,
-        max_audios: int = 4,
+        limit_mm_per_prompt: Mapping[str, int] | None = None,
     ) -> RequestLimits:
         """Operator bounds where given, else the model's own: a request can ask for less work
-        than the model's defaults, never more."""
+        than the model's defaults, never more. ``limit_mm_per_prompt``: the item limits the
+        operator set, capped by what the model supports (vLLM's ``allowed_mm_limits``)."""
         pixels = max_kwargs_pixels or facts.max_pixels or max_image_pixels
+        user = limit_mm_per_prompt or {}
         return cls(
-            max_images=max_images,
-            max_videos=max_videos,
-            max_audios=max_audios,
+            item_limits={
+                modality: ItemLimit(user.get(modality, limit.allowed), limit.supported)
+                for modality, limit in facts.item_limits.items()
+            },
             mm_kwargs_allowlist=allowlist,
             max_kwargs_pixels=min(pixels, max_image_pixels),
             max_kwargs_frames=max_kwargs_frames or facts.max_frames or 768,
@@ -190,14 +213,17 @@ def _media_ref(counter: list[int], modality: str, source: Any, where: str) -> Me
 
 
 def _check_counts(refs: Sequence[MediaRef | EmbedsRef], limits: RequestLimits) -> None:
-    for modality, noun, limit in (
-        ("image", "images", limits.max_images),
-        ("video", "videos", limits.max_videos),
-        ("audio", "audio clips", limits.max_audios),
-    ):
-        count = sum(r.modality == modality for r in refs)
-        if count > limit:
-            raise TooManyItems(f"{count} {noun} in one prompt; the limit is {limit}")
+    """vLLM's own count rule (``validate_num_items``), applied before any media is fetched
+    and refused in its words, type and ``param``, as ``vllm serve`` refuses the prompt."""
+    counts: dict[str, int] = {}
+    for ref in refs:  # in the prompt's order: vLLM refuses the first item past a limit
+        count = counts[ref.modality] = counts.get(ref.modality, 0) + 1
+        item_limit = limits.item_limits.get(ref.modality, ItemLimit(0, 0))
+        if count > item_limit.most:
+            message = f"At most {item_limit.most} {ref.modality}(s) may be provided in one prompt."
+            if item_limit.supported is None or count <= item_limit.supported:
+                message += " Set `--limit-mm-per-prompt` to increase this limit."
+            raise VllmBadRequest(message, param=ref.modality)
 
 
 def _input_audio_ref(counter: list[int], source: Any, where: str) -> MediaRef:

@@ -136,9 +136,6 @@ class RenderService:
         self.loader = loader
         self.metrics = metrics
         self.limits = RequestLimits.build(
-            max_images=settings.max_images_per_prompt,
-            max_videos=settings.max_videos_per_prompt,
-            max_audios=settings.max_audios_per_prompt,
             allowlist=frozenset(settings.mm_processor_kwargs_allowlist),
             facts=renderer.processor_facts,
             max_model_len=renderer.max_model_len,
@@ -146,10 +143,11 @@ class RenderService:
             max_kwargs_frames=settings.max_kwargs_frames,
             max_image_pixels=settings.max_image_pixels,
             enable_mm_embeds=settings.enable_mm_embeds,
+            limit_mm_per_prompt=settings.limit_mm_per_prompt(),
         )
         self.request_budget = settings.max_decoded_request_bytes or default_request_budget(
             renderer.processor_facts.max_pixels,
-            settings.max_images_per_prompt,
+            self.limits.most_items("image"),
             settings.max_image_pixels,
         )
         self.items = ItemCache(settings.item_cache_bytes, len)

@@ -113,14 +113,17 @@ class RenderSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     """Largest request body accepted."""
 
-    max_images_per_prompt: int = 16
-    """Most images in one prompt (one chat conversation or one completion prompt)."""
+    max_images_per_prompt: int | None = None
+    """Most images in one prompt (one chat conversation or one completion prompt). By default
+    the model's own limit as vLLM derives it (``--limit-mm-per-prompt``'s 999, capped by what
+    the model supports): render takes what ``vllm serve`` takes. Set, it is vLLM's
+    ``--limit-mm-per-prompt`` for images (still capped by the model)."""
 
-    max_videos_per_prompt: int = 1
-    """Most videos in one prompt."""
+    max_videos_per_prompt: int | None = None
+    """Most videos in one prompt; by default the model's own limit, as for images."""
 
-    max_audios_per_prompt: int = 4
-    """Most audio clips in one prompt."""
+    max_audios_per_prompt: int | None = None
+    """Most audio clips in one prompt; by default the model's own limit, as for images."""
 
     max_pending: int = 64
     """Requests a worker holds at once (rendering or waiting) before answering 429."""
@@ -223,7 +226,7 @@ class RenderSettings:
     """Most bytes all of one request's media may decode to at once (images as RGB, videos'
     sampled frames as RGB, audio as float32 samples), judged from their headers before any
     decode. By default the model's own largest image (its processor's ``max_pixels``) times
-    ``max_images_per_prompt``, at 3 bytes a pixel, capped at 1 GiB and never below one image
+    the prompt's image limit, at 3 bytes a pixel, capped at 1 GiB and never below one image
     at ``max_image_pixels``."""
 
     max_audio_seconds: float = 600.0
@@ -235,6 +238,16 @@ class RenderSettings:
     max_decoded_audio_bytes: int = 256 * 1024 * 1024
     """Most bytes one clip decodes to (float32, every channel), from the header; the decoder
     enforces it again (vLLM's default)."""
+
+    def limit_mm_per_prompt(self) -> dict[str, int]:
+        """The per-prompt item limits the operator set, as vLLM's ``--limit-mm-per-prompt``
+        takes them (a modality left out keeps vLLM's default, capped by the model)."""
+        limits = {
+            "image": self.max_images_per_prompt,
+            "video": self.max_videos_per_prompt,
+            "audio": self.max_audios_per_prompt,
+        }
+        return {modality: n for modality, n in limits.items() if n is not None}
 
     def cache_budget_bytes(self) -> int:
         """What this worker's caches hold when full (vLLM's processor cache included)."""

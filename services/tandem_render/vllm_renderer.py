@@ -49,7 +49,13 @@ from vllm.transformers_utils.processor import get_video_processor_cls_name
 from vllm.utils.async_utils import make_async
 from vllm.version import __version__ as VLLM_VERSION  # type: ignore[attr-defined]
 
-from tandem_http import BadRequest, ModelNotFound, PromptTooLong, TokenOutOfVocabulary
+from tandem_http import (
+    BadRequest,
+    ModelNotFound,
+    PromptTooLong,
+    TokenOutOfVocabulary,
+    VllmBadRequest,
+)
 from tandem_http.openapi import REF_TEMPLATE, BodySchemas
 from tandem_vllm.derender import model_registry, online_options, serving_derender
 from tandem_vllm.features import encode_vllm_item, features_from_engine_input
@@ -71,7 +77,7 @@ from .media_connector import (
     decoded_size,
     register_connector,
 )
-from .prepare import MEDIA_URL_PREFIX, ProcessorFacts
+from .prepare import MEDIA_URL_PREFIX, ItemLimit, ProcessorFacts
 from .render_call import PromptMedia, RenderCall, bound, current
 from .settings import RenderSettings
 
@@ -142,11 +148,8 @@ class EngineRenderer:
             trust_remote_code=settings.trust_remote_code,
             max_model_len=settings.max_model_len,  # type: ignore[arg-type]  # None: the model's
             served_model_name=names,
-            limit_mm_per_prompt={
-                "image": settings.max_images_per_prompt,
-                "video": settings.max_videos_per_prompt,
-                "audio": settings.max_audios_per_prompt,
-            },
+            # Only what the operator set: vLLM's defaults (999, capped by the model) otherwise.
+            limit_mm_per_prompt=settings.limit_mm_per_prompt(),
             mm_processor_cache_gb=settings.mm_processor_cache_gb,
             # vLLM's own gate for embedding inputs stays open: ours is in prepare.py
             # (--enable-mm-embeds), which alone lets an embedding part reach vLLM, checked.
@@ -475,10 +478,18 @@ def _first_arg(exc: BaseException) -> str:
     return str(exc.args[0] if exc.args else type(exc).__name__)[:300]
 
 
-def _client_error(message: str) -> TandemHTTPError:
+def _param_of(exc: VLLMClientError) -> str | None:
+    """The field vLLM's refusal names (``VLLMValidationError.parameter``), as its server does."""
+    param = getattr(exc, "parameter", None)
+    return param if isinstance(param, str) else None
+
+
+def _client_error(message: str, param: str | None = None) -> TandemHTTPError:
+    """vLLM's refusal of an input, typed as ``vllm serve`` types it (a prompt too long for
+    the context keeps its own type: clients act on it)."""
     if _CONTEXT_LENGTH.search(message):
         return PromptTooLong(message)
-    return BadRequest(message)
+    return VllmBadRequest(message, param=param)
 
 
 def _processor_facts(mm_processor: Any, model_config: Any) -> ProcessorFacts:
@@ -501,7 +512,16 @@ def _processor_facts(mm_processor: Any, model_config: Any) -> ProcessorFacts:
         pixels_per_token=per_token,
         max_frames=frames if isinstance(frames, int) else None,
         embeds=_embeds_specs(mm_processor, model_config, merge),
+        item_limits=_item_limits(mm_processor.info),
     )
+
+
+def _item_limits(info: Any) -> dict[str, ItemLimit]:
+    """Each modality's item limit as vLLM's processor derives it (``validate_num_items``)."""
+    return {
+        modality: ItemLimit(info.allowed_mm_limits.get(modality, 0), supported)
+        for modality, supported in info.supported_mm_limits.items()
+    }
 
 
 def _embeds_specs(mm_processor: Any, model_config: Any, merge: Any) -> dict[str, EmbedsSpec]:
@@ -561,7 +581,7 @@ def _validate(model: Any, body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except VLLMClientError as exc:  # vLLM's own validators raise it from inside pydantic
-        raise _client_error(_first_arg(exc)) from None
+        raise _client_error(_first_arg(exc), _param_of(exc)) from None
     except ValidationError as exc:
         raise _invalid(exc) from None
     except VALIDATOR_SLIPS as exc:
@@ -586,7 +606,7 @@ async def _call(awaitable: Any) -> Any:
     except TandemHTTPError:
         raise
     except VLLMClientError as exc:
-        raise _client_error(_first_arg(exc)) from None
+        raise _client_error(_first_arg(exc), _param_of(exc)) from None
     except ValidationError as exc:
         # Message content parts are validated lazily, as vLLM walks them: still the input.
         raise _invalid(exc) from None
@@ -604,9 +624,7 @@ async def _call(awaitable: Any) -> Any:
         err = result.error
         if err.code == 404:
             raise ModelNotFound(err.message[:300], param=err.param)
-        if _CONTEXT_LENGTH.search(err.message):
-            raise PromptTooLong(err.message[:300])
-        raise BadRequest(err.message[:300], param=err.param)
+        raise _client_error(err.message[:300], err.param)
     return result
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "PromptTooLong",
     "TokenOutOfVocabulary",
     "TooManyItems",
+    "VllmBadRequest",
     "error_body",
     "error_response",
     "install_error_handlers",
@@ -81,6 +82,13 @@ class TooManyItems(TandemHTTPError):
     """More images/videos in one prompt than the configured limit."""
 
     type = error_types.TOO_MANY_ITEMS
+
+
+class VllmBadRequest(BadRequest):
+    """A request one of vLLM's own rules refuses (past the model's item limit, say), answered
+    as ``vllm serve`` answers it: its message, its ``param`` and its type."""
+
+    type = error_types.BAD_REQUEST_ERROR
 
 
 class MmEmbedsDisabled(TandemHTTPError):

@@ -43,6 +43,10 @@ TOKEN_OUT_OF_VOCABULARY = "token_out_of_vocabulary"
 """400: a token id outside the model's vocabulary."""
 TOO_MANY_ITEMS = "too_many_items"
 """400: more images/videos in one prompt than the configured limit."""
+BAD_REQUEST_ERROR = "BadRequestError"
+"""400: refused by one of vLLM's own rules (a model's item limit, a chat template's), typed as
+vLLM's servers type it, so a client of ``vllm serve`` reads the refusal the same; the one type
+spelled as vLLM spells it, in CamelCase."""
 MM_EMBEDS_DISABLED = "mm_embeds_disabled"
 """400: precomputed embeddings (an ``image_embeds`` content part on render, an embedding item on
 generate) sent to a server started without ``--enable-mm-embeds``."""

@@ -59,6 +59,7 @@ def test_public_api_is_pinned() -> None:
             "add_send_deadline_flags",
             "TokenOutOfVocabulary",
             "TooManyItems",
+            "VllmBadRequest",
             "error_body",
             "error_response",
             "install_error_handlers",

@@ -347,7 +347,7 @@ def _bad_cases(model):
             413,
             "image_too_large",
         ),
-        ("too many images", chat_body(model, [ok_img] * 5), None, 400, "too_many_items"),
+        ("too many images", chat_body(model, [ok_img] * 5), None, 400, "BadRequestError"),
         ("oversized body", b'{"x": "' + b"a" * 4_100_000 + b'"}', None, 413, "payload_too_large"),
         (
             "image embeds",
@@ -391,7 +391,7 @@ def _bad_cases(model):
             {"model": model, "prompt": [1, 2], "images": [[ok_img]]},
             "completion",
             400,
-            "invalid_request",
+            "BadRequestError",
         ),
         (
             "token out of vocabulary",

@@ -88,20 +88,26 @@ async def test_completion_prompt_images_share_one_request_budget(
         assert r.status_code == 200, r.text
 
 
-async def test_video_frames_and_audio_samples_count_against_the_budget(qwen2_renderer, qwen2_dir):
+async def test_video_frames_count_against_the_budget(qwen2_renderer, qwen2_dir):
     video = data_url(mp4_bytes(), "video/mp4")  # 8 frames of 112x112: 301056 bytes decoded
-    clip = audio_bytes(seconds=1.0)  # 16000 mono samples: 64000 bytes as float32
-    app = make_app(qwen2_renderer, qwen2_dir, max_decoded_request_bytes=301056 + 63999)
-    content = [
-        {"type": "video_url", "video_url": {"url": video}},
-        input_audio_part(clip),
-        {"type": "text", "text": "what?"},
-    ]
+    app = make_app(qwen2_renderer, qwen2_dir, max_decoded_request_bytes=2 * 301056 - 1)
+    content = [{"type": "video_url", "video_url": {"url": video}}] * 2
     body = {"model": qwen2_dir, "messages": [{"role": "user", "content": content}]}
     async with app_client(app) as c:
         r = await c.post(CHAT, json=body)
         assert r.status_code == 413, r.text
-        assert "365056 bytes" in r.json()["error"]["message"]
+        assert "602112 bytes" in r.json()["error"]["message"]
+
+
+async def test_audio_samples_count_against_the_budget(qwen2_audio_renderer, qwen2_audio_dir):
+    clip = audio_bytes(seconds=1.0)  # 16000 mono samples: 64000 bytes as float32
+    app = make_app(qwen2_audio_renderer, qwen2_audio_dir, max_decoded_request_bytes=127999)
+    content = [input_audio_part(clip), input_audio_part(clip)]
+    body = {"model": qwen2_audio_dir, "messages": [{"role": "user", "content": content}]}
+    async with app_client(app) as c:
+        r = await c.post(CHAT, json=body)
+        assert r.status_code == 413, r.text
+        assert "128000 bytes" in r.json()["error"]["message"]
 
 
 async def test_images_that_cannot_fit_the_context_are_refused_before_decoding(

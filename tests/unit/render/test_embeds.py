@@ -10,11 +10,11 @@ import numpy as np
 import pybase64
 import pytest
 
-from tandem_http import BadRequest, MmEmbedsDisabled, TooManyItems
+from tandem_http import BadRequest, MmEmbedsDisabled, VllmBadRequest
 from tandem_render.app import create_app
 from tandem_render.embeds import EmbedsSpec, decode_embeds_part
 from tandem_render.errors import InvalidEmbeds
-from tandem_render.prepare import MEDIA_URL_PREFIX, RequestLimits, prepare_chat
+from tandem_render.prepare import MEDIA_URL_PREFIX, ItemLimit, RequestLimits, prepare_chat
 from tandem_render.settings import RenderSettings
 from tandem_wire import (
     InvalidTensorData,
@@ -37,8 +37,7 @@ SPEC = EmbedsSpec(
     max_rows=64,
 )  # fmt: skip
 LIMITS = RequestLimits(
-    max_images=2,
-    max_videos=1,
+    item_limits={"image": ItemLimit(2), "video": ItemLimit(1)},
     mm_kwargs_allowlist=frozenset(),
     max_kwargs_pixels=1_000_000,
     embeds_enabled=True,
@@ -170,13 +169,13 @@ def test_parts_become_tokens_naming_checked_tensors():
 def test_disabled_unsupported_mixed_and_counted():
     part = embeds_part(random_embeds(4), [1, 4, 4])
     with pytest.raises(MmEmbedsDisabled):
-        prepare_chat(_chat(part), RequestLimits(1, 1, frozenset(), 1))
+        prepare_chat(_chat(part), RequestLimits({}, frozenset(), 1))
     with pytest.raises(BadRequest):  # enabled, but no spec: the model takes none
-        prepare_chat(_chat(part), RequestLimits(1, 1, frozenset(), 1, embeds_enabled=True))
+        prepare_chat(_chat(part), RequestLimits({}, frozenset(), 1, embeds_enabled=True))
     image = {"type": "image_url", "image_url": {"url": "data:x"}}
     with pytest.raises(BadRequest, match="mixed"):
         prepare_chat(_chat(part, image), LIMITS)
-    with pytest.raises(TooManyItems):
+    with pytest.raises(VllmBadRequest, match="At most 2 image"):
         prepare_chat(_chat(part, part, part), LIMITS)
     with pytest.raises(BadRequest, match="uuid"):
         prepare_chat(_chat({**part, "uuid": "mine"}), LIMITS)

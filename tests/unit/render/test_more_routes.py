@@ -120,14 +120,14 @@ def bad_cases(model: str) -> list[tuple[str, str, object, int, str]]:
             CHAT_DERENDER,
             {**whole(model, [5]), "chat_request": None},
             400,
-            "invalid_request",
+            "BadRequestError",
         ),
         (
             "parsers on, stream without prompt ids",
             CHAT_DERENDER,
             chunk(model, [5], prompt_token_ids=None),
             400,
-            "invalid_request",
+            "BadRequestError",
         ),
         ("responses: no input", RESPONSES, {"model": model}, 400, "invalid_request"),
         (
@@ -135,7 +135,7 @@ def bad_cases(model: str) -> list[tuple[str, str, object, int, str]]:
             RESPONSES,
             {"model": model, "input": "hi", "previous_response_id": "resp_1"},
             400,
-            "invalid_request",
+            "BadRequestError",
         ),
         (
             "responses: file_id image",
@@ -170,7 +170,7 @@ def bad_cases(model: str) -> list[tuple[str, str, object, int, str]]:
                 ],
             },
             400,
-            "too_many_items",
+            "BadRequestError",
         ),
         (
             "responses: image from a private address",
@@ -273,7 +273,7 @@ async def test_bad_input_gets_typed_4xx_and_the_service_keeps_serving(app, setti
             r = await c.post(path, content=content, headers={"content-type": "application/json"})
             err = r.json().get("error") or {}
             if (r.status_code, err.get("type")) != (status, type_):
-                wrong.append((name, r.status_code, r.text[:300]))
+                wrong.append((name, r.status_code, err.get("type"), r.text[:300]))
             assert "Traceback" not in r.text and len(err.get("message", "")) < 400, name
         assert wrong == []
         # Still serving, on every new route.

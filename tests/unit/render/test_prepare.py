@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from tandem_http import BadRequest, PromptTooLong, TokenOutOfVocabulary, TooManyItems
-from tandem_render.prepare import ProcessorFacts, RequestLimits, prepare_chat, prepare_completion
+from tandem_http import BadRequest, PromptTooLong, TokenOutOfVocabulary, VllmBadRequest
+from tandem_render.prepare import (
+    ItemLimit,
+    ProcessorFacts,
+    RequestLimits,
+    prepare_chat,
+    prepare_completion,
+)
 
 LIMITS = RequestLimits(
-    max_images=2,
-    max_videos=1,
+    item_limits={"image": ItemLimit(2), "video": ItemLimit(999, 1)},
     mm_kwargs_allowlist=frozenset({"min_pixels", "max_pixels"}),
     max_kwargs_pixels=1_000_000,
 )
@@ -69,11 +74,22 @@ def test_unsupported_parts(part):
 def test_image_and_video_limits():
     img = {"type": "image_url", "image_url": {"url": "data:x"}}
     vid = {"type": "video_url", "video_url": {"url": "data:v"}}
+    aud = {"type": "audio_url", "audio_url": {"url": "data:a"}}
     prepare_chat(chat(img, img, vid), LIMITS)
-    with pytest.raises(TooManyItems):
-        prepare_chat(chat(img, img, img), LIMITS)
-    with pytest.raises(TooManyItems):
-        prepare_chat(chat(vid, vid), LIMITS)
+    # vLLM's words, type and param (``validate_num_items``): past an operator's limit the
+    # message says how to raise it, past the model's own it does not; a modality the model
+    # does not take has a limit of 0.
+    for parts, message in (
+        ((img, img, img), "At most 2 image(s) may be provided in one prompt. Set `--limit-mm"),
+        ((vid, vid), "At most 1 video(s) may be provided in one prompt."),
+        ((aud,), "At most 0 audio(s) may be provided in one prompt."),
+    ):
+        with pytest.raises(VllmBadRequest) as refused:
+            prepare_chat(chat(*parts), LIMITS)
+        assert refused.value.message.startswith(message)
+        assert refused.value.message.endswith("increase this limit.") == ("Set" in message)
+        assert refused.value.param == parts[0]["type"].removesuffix("_url")
+        assert refused.value.type == "BadRequestError"
 
 
 @pytest.mark.parametrize(
@@ -99,10 +115,13 @@ def test_allowed_mm_processor_kwargs_pass():
 
 
 def test_kwargs_bounded_by_the_model_and_the_context():
-    facts = ProcessorFacts(max_pixels=1_003_520, pixels_per_token=784, max_frames=768)
+    facts = ProcessorFacts(
+        max_pixels=1_003_520,
+        pixels_per_token=784,
+        max_frames=768,
+        item_limits={"image": ItemLimit(8), "video": ItemLimit(1)},
+    )
     limits = RequestLimits.build(
-        max_images=8,
-        max_videos=1,
         allowlist=frozenset({"min_pixels", "max_pixels", "num_frames", "fps"}),
         facts=facts,
         max_model_len=4096,
@@ -119,8 +138,6 @@ def test_kwargs_bounded_by_the_model_and_the_context():
     prepare_chat(chat(*[img] * 4, mm_processor_kwargs={"min_pixels": 784 * 1024}), limits)
     # An operator bound below the model's wins; one above it does not raise the model's.
     low = RequestLimits.build(
-        max_images=1,
-        max_videos=1,
         allowlist=frozenset(),
         facts=facts,
         max_model_len=4096,
@@ -164,7 +181,12 @@ def test_completion_videos_and_audios_per_prompt_keep_each_modalitys_order():
         "videos": [["data:v"], None, [b"v2"]],
         "audios": [[b"a1", {"url": "data:a2"}], None, None],
     }
-    prepared = prepare_completion(body, LIMITS, vocab_size=10)
+    limits = RequestLimits(
+        item_limits={"image": ItemLimit(1), "video": ItemLimit(1), "audio": ItemLimit(2)},
+        mm_kwargs_allowlist=frozenset(),
+        max_kwargs_pixels=1,
+    )
+    prepared = prepare_completion(body, limits, vocab_size=10)
     assert not {"images", "videos", "audios"} & set(prepared.body)
     first, second, third = prepared.media
     assert [(r.modality, r.url or r.data) for r in first] == [
@@ -200,18 +222,16 @@ def test_completion_videos_and_audios_must_parallel_prompts(field, value, param)
 
 def test_completion_too_many_videos_or_audios_in_one_prompt():
     limits = RequestLimits(
-        max_images=2,
-        max_videos=1,
-        max_audios=2,
+        item_limits={"image": ItemLimit(2), "video": ItemLimit(1), "audio": ItemLimit(2)},
         mm_kwargs_allowlist=frozenset(),
         max_kwargs_pixels=1,
     )
     prepare_completion({"prompt": [[1], [2]], "videos": [["a"], ["b"]]}, limits, vocab_size=10)
     for field, items, words in (
-        ("videos", ["a", "b"], "2 videos"),
-        ("audios", [b"a"] * 3, "3 audio"),
+        ("videos", ["a", "b"], "At most 1 video"),
+        ("audios", [b"a"] * 3, "At most 2 audio"),
     ):
-        with pytest.raises(TooManyItems, match=words):
+        with pytest.raises(VllmBadRequest, match=words):
             prepare_completion({"prompt": [1], field: [items]}, limits, vocab_size=10)
 
 
@@ -225,7 +245,7 @@ def test_completion_images_must_parallel_prompts(images):
 
 
 def test_completion_too_many_images_in_one_prompt():
-    with pytest.raises(TooManyItems):
+    with pytest.raises(VllmBadRequest):
         prepare_completion({"prompt": [1], "images": [["a", "b", "c"]]}, LIMITS, vocab_size=10)
 
 
