@@ -44,6 +44,7 @@ from vllm.exceptions import VLLMClientError
 from vllm.model_executor.models.qwen2_vl import Qwen2VLProcessingInfo
 from vllm.multimodal.media import ImageMediaIO, VideoMediaIO
 from vllm.renderers import renderer_from_config
+from vllm.renderers.chat_utils import ChatTemplateResolutionError
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.transformers_utils.processor import get_video_processor_cls_name
 from vllm.utils.async_utils import make_async
@@ -95,6 +96,8 @@ _INPUT_ERRORS = [
     # in a token-id prompt): vLLM's processor asserts or raises RuntimeError.
     re.compile(r"^Failed to apply prompt replacement"),
     re.compile(r"^Expected there to be \d+ prompt (updates|placeholders)"),
+    # The model's HF processor raised on the request's media (vLLM wraps whatever it raised).
+    re.compile(r"^Failed to apply \w+ on data="),
 ]
 """vLLM's messages for input errors raised as plain ValueError/TypeError/AssertionError."""
 _EMPTY_FEATURES = UpstreamFeatures(mm_hashes={}, mm_placeholders={})
@@ -141,6 +144,8 @@ class EngineRenderer:
         # Every media URL vLLM sees is one we substituted; this connector serves their bytes.
         register_connector(inline=settings.inline_processing)
         names = list(settings.names())
+        # Only what the operator set: vLLM's defaults (999, capped by the model) otherwise.
+        limits: dict[str, int | dict[str, int]] = {**settings.limit_mm_per_prompt()}
         engine_args = AsyncEngineArgs(
             model=settings.model,
             tokenizer=settings.tokenizer,
@@ -148,8 +153,7 @@ class EngineRenderer:
             trust_remote_code=settings.trust_remote_code,
             max_model_len=settings.max_model_len,  # type: ignore[arg-type]  # None: the model's
             served_model_name=names,
-            # Only what the operator set: vLLM's defaults (999, capped by the model) otherwise.
-            limit_mm_per_prompt=settings.limit_mm_per_prompt(),
+            limit_mm_per_prompt=limits,
             mm_processor_cache_gb=settings.mm_processor_cache_gb,
             # vLLM's own gate for embedding inputs stays open: ours is in prepare.py
             # (--enable-mm-embeds), which alone lets an embedding part reach vLLM, checked.
@@ -610,6 +614,9 @@ async def _call(awaitable: Any) -> Any:
     except ValidationError as exc:
         # Message content parts are validated lazily, as vLLM walks them: still the input.
         raise _invalid(exc) from None
+    except ChatTemplateResolutionError as exc:
+        # A chat for a model without a chat template (Whisper's, say): vllm serve's 400.
+        raise _client_error(_first_arg(exc)) from None
     except (ValueError, TypeError, AssertionError, RuntimeError, NotImplementedError) as exc:
         # vLLM raises these for bad input and for its own bugs alike: only the input errors
         # named in _INPUT_ERRORS are the caller's (a 400); the rest are a 500 whose body says
