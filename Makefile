@@ -29,13 +29,14 @@ FRONT_PORT ?= 8000
 # Engine options for the CPU build here; GPU users drop --enforce-eager and size things up.
 ENGINE_ARGS ?= --enforce-eager --max-model-len 4096 --max-num-seqs 16
 
-.PHONY: help setup models docs test test-unit test-integration check fuzz soak chaos lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door bench-stream run-render run-generate run demo clean
+.PHONY: help setup models docs test test-unit test-integration test-families check fuzz soak chaos lint format bench bench-wire bench-render bench-generate bench-weights bench-front-door bench-stream run-render run-generate run demo clean
 
 help:
 	@echo "make run         render + $(GENERATE_NODES) generate nodes + the front door (one URL: 127.0.0.1:$(FRONT_PORT)); tiny model unless MODEL=...; runs the examples, serves until Ctrl-C"
 	@echo "make demo        the same, but stop after the example"
 	@echo "make setup       create/refresh $(VENV) (vLLM CPU build here, GPU build where nvidia-smi sees a GPU)"
 	@echo "make test        set up if needed, lint, build the docs, then run the test suite (unit, then integration)"
+	@echo "make test-families  every model family's tiny checkpoint against vllm serve: door, client and render parity (make test runs one of each kind)"
 	@echo "make check       the inner loop, under 10 minutes: lint, the unit suite, one chat through render, generate and the door"
 	@echo "make docs        build the documentation site into site/ (mkdocs build --strict: broken links fail)"
 	@echo "make lint        ruff + mypy"
@@ -91,6 +92,11 @@ test-unit: setup
 
 test-integration: setup
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
+
+# Every family of tools/tiny_families against vllm serve on its tiny checkpoint (make test runs
+# those marked in_make_test, one of each kind at least, within the suite's time budget).
+test-families: setup
+	TANDEM_ALL_FAMILIES=1 $(PY) -m pytest tests/integration/test_family_parity.py $(PYTEST_ARGS)
 
 # The inner loop (under 10 minutes on two cores): lint, the unit suite, and one chat with an
 # image through render, generate and the door with the OpenAI SDK.

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from tools.tiny_families import FAMILIES, builder, module_path
+from tools.tiny_families import FAMILIES, builder, module_paths
 
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
@@ -239,7 +239,8 @@ def fingerprint(name: str | None = None) -> str:
     h = hashlib.sha256(Path(__file__).read_bytes())
     if name in FAMILIES:
         h.update((Path(__file__).parent / "tiny_families" / "common.py").read_bytes())
-        h.update(module_path(name).read_bytes())
+        for path in module_paths(name):
+            h.update(path.read_bytes())
     for dist in ("transformers", "tokenizers", "torch", "safetensors"):
         h.update(f"{dist}=={importlib.metadata.version(dist)}\n".encode())
     return h.hexdigest()

@@ -112,8 +112,10 @@ def embedding_token(model: str, modality: str) -> int | None:
     """The token a model's ``modality`` embeddings replace (vLLM's ``_get_prompt_updates``):
     by either name configs use, except where the family embeds another token."""
     config = json.loads((Path(model) / "config.json").read_text())
-    if modality == "video" and config.get("model_type") == "glm4v":
-        # GLM-4.1V's video frames are runs of image tokens between timestamps.
+    # Qwen2.5-Omni names its tokens in the thinker's config (the model vLLM serves).
+    config = config.get("thinker_config") or config
+    if modality == "video" and config.get("model_type") in ("glm4v", "glm4v_moe", "glm_ocr"):
+        # GLM-4.1V's, GLM-4.5V's and GLM-OCR's video frames are runs of image tokens.
         return int(config["image_token_id"])
     if modality == "video" and config.get("model_type") == "internvl":
         # InternVL's config names no video token: its processor's ``video_token`` is
@@ -122,6 +124,12 @@ def embedding_token(model: str, modality: str) -> int | None:
 
         tokenizer = AutoTokenizer.from_pretrained(model)
         return int(tokenizer.get_vocab()[tokenizer.video_token])
+    if modality == "image" and config.get("model_type") == "llama4":
+        # Llama 4 embeds its tiles' <|patch|> tokens; <|image|> (image_token_index) only
+        # separates the global view from the tiles and takes no embedding.
+        from transformers import AutoTokenizer
+
+        return int(AutoTokenizer.from_pretrained(model).convert_tokens_to_ids("<|patch|>"))
     for scope in (config, config.get("text_config") or {}):
         for key in (f"{modality}_token_id", f"{modality}_token_index"):
             if scope.get(key) is not None:

@@ -69,12 +69,13 @@ def _video() -> Any:
 
 
 def test_every_family_is_covered() -> None:
-    # A family added to the table without its expected placeholders, here or in the twin
-    # module, would go untested: every family is this module's or the twin's, never both.
+    # The first families keep these fast checks, each in this module or the twin, never both;
+    # every family (these too) is proven against vllm serve by test_family_parity, whose
+    # render parity checks each placeholder against upstream render's.
     from tests.unit.test_tiny_families_b import EXPECTED as TWINS
 
     owned = set(IMAGE_PLACEHOLDER)
-    assert owned | set(TWINS) == set(FAMILIES)
+    assert owned | set(TWINS) <= set(FAMILIES)
     assert not owned & set(TWINS)
     assert {n for n in owned if "video" in FAMILIES[n].modalities} == set(VIDEO_PLACEHOLDER)
 

@@ -7,7 +7,7 @@ image, 4096 for a whole video); a frame's timestamp is written between its image
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tools.tiny_families import common
 
@@ -84,29 +84,33 @@ VIDEO_MAX_PIXELS = TEMPORAL * FACTOR * FACTOR * 4096
 MIN_PIXELS = 112 * 112
 
 
+# tokenizer_config.json's keys beyond the common ones (GLM-4.5V publishes the same).
+TOKENIZER_CONFIG = {
+    "bos_token": None,
+    "eos_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+    "unk_token": None,
+    "do_lower_case": False,
+    "padding_side": "left",
+    "remove_space": False,
+}
+# Generation stops at any of these (the published generation_config's eos_token_id).
+STOP_TOKENS = ("<|endoftext|>", "<|user|>", "<|observation|>", "</answer>")
+
+
 def build(out: Path) -> None:
-    ids = common.write_tokenizer(
-        out,
-        SPECIALS,
-        CHAT_TEMPLATE,
-        {
-            "bos_token": None,
-            "eos_token": "<|endoftext|>",
-            "pad_token": "<|endoftext|>",
-            "unk_token": None,
-            "do_lower_case": False,
-            "padding_side": "left",
-            "remove_space": False,
-        },
-    )
-    _processor_files(out)
-    stops = [ids[t] for t in ("<|endoftext|>", "<|user|>", "<|observation|>", "</answer>")]
-    common.save_random_model(
-        _config(ids), out, {"eos_token_id": stops, "pad_token_id": ids["<|endoftext|>"]}
-    )
+    ids = common.write_tokenizer(out, SPECIALS, CHAT_TEMPLATE, TOKENIZER_CONFIG)
+    processor_files(out)
+    common.save_random_model(_config(ids), out, generation(ids, STOP_TOKENS))
 
 
-def _processor_files(out: Path) -> None:
+def generation(ids: dict[str, int], stops: tuple[str, ...]) -> dict[str, object]:
+    """The generation config: stop at ``stops``, pad with ``<|endoftext|>``."""
+    return {"eos_token_id": [ids[t] for t in stops], "pad_token_id": ids["<|endoftext|>"]}
+
+
+def processor_files(out: Path) -> None:
+    """The image and video processor configs (GLM-4.5V publishes the same processors)."""
     common_keys = {
         "do_convert_rgb": True,
         "do_normalize": True,
@@ -146,7 +150,18 @@ def _processor_files(out: Path) -> None:
 def _config(ids: dict[str, int]) -> PreTrainedConfig:
     from transformers import Glm4vConfig
 
-    text = {
+    return Glm4vConfig(
+        text_config=text_config(ids),
+        vision_config=vision_config(),
+        **token_ids(ids),
+        tie_word_embeddings=False,
+        dtype=common.DTYPE,
+    )
+
+
+def text_config(ids: dict[str, int]) -> dict[str, object]:
+    """The GLM-4 language model's keys (GLM-4.5V's MoE adds its own on top)."""
+    return {
         **common.text_sizes(),
         "rms_norm_eps": 1e-5,
         # Half the head dim rotates (16 of 32); its M-RoPE sections sum to half of that.
@@ -160,7 +175,11 @@ def _config(ids: dict[str, int]) -> PreTrainedConfig:
         "eos_token_id": ids["<|endoftext|>"],
         "dtype": common.DTYPE,
     }
-    vision = {
+
+
+def vision_config() -> dict[str, object]:
+    """The one-layer GLM-4V vision tower."""
+    return {
         "depth": 1,
         "hidden_size": common.VISION_WIDTH,
         "num_heads": common.VISION_HEADS,
@@ -174,15 +193,15 @@ def _config(ids: dict[str, int]) -> PreTrainedConfig:
         "hidden_act": "silu",
         "attention_bias": False,
     }
-    return Glm4vConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image|>"],
-        video_token_id=ids["<|video|>"],
-        image_start_token_id=ids["<|begin_of_image|>"],
-        image_end_token_id=ids["<|end_of_image|>"],
-        video_start_token_id=ids["<|begin_of_video|>"],
-        video_end_token_id=ids["<|end_of_video|>"],
-        tie_word_embeddings=False,
-        dtype=common.DTYPE,
-    )
+
+
+def token_ids(ids: dict[str, int]) -> dict[str, Any]:
+    """The top-level config's placeholder and boundary token ids (keyword arguments)."""
+    return {
+        "image_token_id": ids["<|image|>"],
+        "video_token_id": ids["<|video|>"],
+        "image_start_token_id": ids["<|begin_of_image|>"],
+        "image_end_token_id": ids["<|end_of_image|>"],
+        "video_start_token_id": ids["<|begin_of_video|>"],
+        "video_end_token_id": ids["<|end_of_video|>"],
+    }
