@@ -60,8 +60,9 @@ class Engine:
         check_upstream_names(["generate"])  # a vLLM upgrade fails here, not mid-request
         check_weight_backend_installed(engine_args)
         args, stat_loggers = prometheus_stats_only(seed_safe_engine_args(engine_args))
+        config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
         self.llm = AsyncLLM.from_vllm_config(
-            resumable_config(args.create_engine_config(UsageContext.OPENAI_API_SERVER)),
+            seed_safe_config(resumable_config(config)),
             usage_context=UsageContext.OPENAI_API_SERVER,
             stat_loggers=stat_loggers,
             enable_log_requests=args.enable_log_requests,
@@ -70,9 +71,7 @@ class Engine:
         self.vllm_config = self.llm.vllm_config
         # As vllm serve's OpenAI routes answer it (the door passes it on).
         self.system_fingerprint: str | None = get_system_fingerprint(self.vllm_config)
-        self.seeded_sampling_safe = not (
-            current_platform.is_cpu() and self.vllm_config.scheduler_config.enable_chunked_prefill
-        )
+        self.seeded_sampling_safe = seeded_sampling_safe(self.vllm_config)
         mc = self.vllm_config.model_config
         self.model_config = mc
         self.max_model_len: int = mc.max_model_len
@@ -243,17 +242,28 @@ def resumable_config(config: VllmConfig) -> VllmConfig:
 
 
 def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:
-    """On vLLM's CPU build, prefills are not split across steps unless the operator asks.
+    """On vLLM's CPU build, prefills are not split across steps unless the operator asks or
+    the model needs it.
 
     When a prefill is split, vLLM rewinds the random generator of a seeded request by its
     Philox offset, which a CPU ``torch.Generator`` does not have: the engine core dies
     ("CPU Generator does not use offset") and takes every later request with it. Whole
     prefills never take that path, and cost nothing on a CPU, where chunking buys no overlap.
+    A model that needs split prefills (``prefills_must_chunk``) keeps vLLM's default, and its
+    workers rewind seeded generators in a way a CPU's can be (``seed_safe_config``).
     """
     if not current_platform.is_cpu() or engine_args.enable_chunked_prefill is not None:
         return engine_args
+    model_config = engine_args.create_model_config()
+    if prefills_must_chunk(engine_args, model_config):
+        log.info(
+            "CPU build: chunked prefill stays on (%s caches its state block by block with "
+            "prefix caching on); seeded generators are rewound by the worker",
+            model_config.architecture,
+        )
+        return engine_args
     args = copy.copy(engine_args)
-    max_len = args.max_model_len or args.create_model_config().max_model_len
+    max_len = args.max_model_len or model_config.max_model_len
     args.enable_chunked_prefill = False
     # Without chunking, one step must hold the longest prompt.
     args.max_num_batched_tokens = max(
@@ -266,6 +276,47 @@ def seed_safe_engine_args(engine_args: AsyncEngineArgs) -> AsyncEngineArgs:
     return args
 
 
+def prefills_must_chunk(engine_args: AsyncEngineArgs, model_config: Any) -> bool:
+    """vLLM's own rule (``MambaModelConfig.verify_and_update_config``): with prefix caching on,
+    a model keeping conv or SSM state (hybrid, or Mamba's) caches that state at block
+    boundaries ("align" mode), which asserts that chunked prefill is on."""
+    caching = engine_args.enable_prefix_caching
+    if caching is None:  # vLLM's default for the model
+        caching = model_config.is_prefix_caching_supported
+    stateful = model_config.is_hybrid or model_config.is_attention_free
+    return bool(caching) and bool(stateful)
+
+
+def seed_safe_config(config: VllmConfig) -> VllmConfig:
+    """On the CPU build with chunked prefill on, vLLM's workers run with a model runner that
+    rewinds a seeded request's generator as a CPU one can be (``tandem_generate.vllm_worker``).
+    An operator's own ``--worker-cls`` is kept (seeds are then refused:
+    ``seeded_sampling_safe``)."""
+    if not current_platform.is_cpu() or not config.scheduler_config.enable_chunked_prefill:
+        return config
+    # Imported here: vLLM's worker modules cost the server's start-up time otherwise.
+    from .vllm_worker import seed_safe_worker
+
+    parallel = config.parallel_config
+    if parallel.worker_cls == VLLM_CPU_WORKER and not config.use_v2_model_runner:
+        parallel.worker_cls = seed_safe_worker()
+    return config
+
+
+VLLM_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
+"""The worker vLLM's CPU platform picks for ``--worker-cls auto``."""
+
+
+def seeded_sampling_safe(config: VllmConfig) -> bool:
+    """Whether a seeded request leaves the engine alive: anywhere but on a CPU engine that
+    splits prefills with vLLM's own worker."""
+    if not current_platform.is_cpu() or not config.scheduler_config.enable_chunked_prefill:
+        return True
+    from .vllm_worker import seed_safe_worker
+
+    return bool(config.parallel_config.worker_cls == seed_safe_worker())
+
+
 def process_one(proc: Any, modality: str, sample: Any, *, embeds: bool = False) -> Any:
     """vLLM's processor output for a one-item chat prompt (``proc``: from
     ``MULTIMODAL_REGISTRY.create_processor``); ``embeds``: ``sample`` is a dict of embedding
@@ -273,16 +324,45 @@ def process_one(proc: Any, modality: str, sample: Any, *, embeds: bool = False) 
     from vllm.multimodal.processing import ProcessorInputs, TimingContext
 
     tok = proc.info.get_tokenizer()
-    content = [{"type": modality}, {"type": "text", "text": "x"}]
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-    )
-    ids = tok.encode(str(text), add_special_tokens=False)
+    ids = tok.encode(probe_prompt(proc, modality), add_special_tokens=False)
     if embeds:
         data = proc.info.parse_mm_data({modality: sample}, validate=False)
     else:
         data = proc.info.parse_mm_data({modality: [sample]})
     return proc.apply(ProcessorInputs(ids, data), TimingContext(enabled=False))
+
+
+def probe_prompt(proc: Any, modality: str) -> str:
+    """A chat of one ``modality`` item and the text "x", rendered as vllm serve renders it for
+    this model: its chat template, or vLLM's fallback for it (PaliGemma's, BLIP-2's), given
+    content parts, or for a template that reads content as a string (InternVL-style) the
+    model's placeholder string before the text; vLLM's dummy text where no template exists."""
+    from transformers import PreTrainedTokenizerBase
+    from vllm.model_executor.model_loader import get_model_cls
+    from vllm.renderers.hf import resolve_chat_template, resolve_chat_template_content_format
+
+    tok, model_config = proc.info.get_tokenizer(), proc.info.ctx.model_config
+    content: Any = [{"type": modality}, {"type": "text", "text": "x"}]
+    if not isinstance(tok, PreTrainedTokenizerBase):  # mistral_common renders parts itself
+        chat = [{"role": "user", "content": content}]
+        return str(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    hf: Any = tok  # vLLM types its HF tokenizers as its own backends, not transformers' base
+    template = resolve_chat_template(hf, None, None, model_config=model_config)
+    if template is None:
+        return str(proc.dummy_inputs.get_dummy_text({modality: 1}))
+    content_format = resolve_chat_template_content_format(
+        template, None, "auto", hf, model_config=model_config
+    )
+    if content_format == "string":
+        model_cls: Any = get_model_cls(model_config)  # a SupportsMultiModal class
+        placeholder = model_cls.get_placeholder_str(modality, 1)
+        content = "x" if placeholder is None else f"{placeholder}\nx"
+    chat = [{"role": "user", "content": content}]
+    return str(
+        tok.apply_chat_template(
+            chat, chat_template=template, tokenize=False, add_generation_prompt=True
+        )
+    )
 
 
 _VIDEO_METADATA = {

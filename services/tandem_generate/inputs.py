@@ -254,7 +254,7 @@ class InputBuilder:
     ) -> None:
         """Each ``mm_metadata`` entry describes its item: every field it names is the item's,
         equal in data and layout (a grid that disagrees with the pixels is refused, not
-        silently dropped)."""
+        silently dropped; ``_same_layout`` says what of a layout counts)."""
         entries = (metadata or {}).get(modality)
         if not entries:
             return
@@ -264,7 +264,11 @@ class InputBuilder:
             where = f"features.mm_metadata.{modality}[{i}]"
             for key, elem in decode_item(entry, self.limits).items():
                 have = item.wire.get(key)
-                if have is None or have.layout != elem.layout or not _same(have.data, elem.data):
+                if (
+                    have is None
+                    or not _same_layout(have.layout, elem.layout)
+                    or not _same(have.data, elem.data)
+                ):
                     raise InvalidItem(
                         f"{where}: {key[:64]!r} disagrees with the item's kwargs_data",
                         param=where,
@@ -427,6 +431,17 @@ def _refuse_metadata_only(feats: MultiModalFeatures[Any], ec_transfer: bool) -> 
                 else "metadata-only multimodal items require ec_transfer_params",
                 param=f"features.mm_metadata.{modality}",
             )
+
+
+def _same_layout(have: Any, sent: Any) -> bool:
+    """The item's layout (as ``rebind`` made it) and one sent for it: the same kind, and for
+    a flat field the same dimension, both with the same ``keep_on_cpu``. A flat field's
+    ``slices`` are not the item's own: vLLM gives every item cut from a processor batch the
+    whole batch's slices (LFM2-VL's ``spatial_shapes`` arrives so), and ``rebind`` replaces
+    them with the item's extent, which its data's shape already says."""
+    if isinstance(have, FlatLayout) and isinstance(sent, FlatLayout):
+        return have.dim == sent.dim and have.keep_on_cpu == sent.keep_on_cpu
+    return bool(have == sent)
 
 
 def _same(a: Any, b: Any) -> bool:

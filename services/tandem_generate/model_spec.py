@@ -33,9 +33,10 @@ class FieldSpec:
     shape: tuple[int, ...]
     flat_dim: int = 0
     rows_per_cell: int | None = None
-    """For a flat field of a grid model: rows along ``flat_dim`` per grid cell (patches)."""
+    """For a flat field: rows along ``flat_dim`` per cell, a grid cell (patches) or, for a
+    model with no grid, an embedding token."""
     cells_per_row: int | None = None
-    """For a flat field of a grid model: grid cells per row (embeddings: one row per token)."""
+    """For a flat field: cells per row (embeddings: one row per token; tiles: a tile's tokens)."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,9 @@ class ModelSpec:
         """The largest generate request this model can take, as JSON (base64 items).
 
         Every embedding token of every item sits in the context, so all items together hold
-        at most ``max_model_len`` tokens' worth of grid cells; fields that do not grow with
-        the grid (grids, sizes) cost what the probe's item did, per item.
+        at most ``max_model_len`` tokens' worth of cells (grid cells, or embedding tokens for
+        a model with no grid), and so of the flat fields' rows (patches, tiles, crops); fields
+        that do not grow with the cells (grids, sizes) cost what the probe's item did, per item.
         """
         tokens = max_model_len * 12  # "123456, " per token id, JSON
         items = 0
@@ -132,15 +134,14 @@ def modality_spec(
     placeholder = embed_tokens[0]
     grid_key = next((k for k in fields if k.endswith("grid_thw")), None)
     per_token = None
+    cells = len(embed_tokens)
     if grid_key is not None:
-        cells = grid_cells(wire_item[grid_key].data)
-        per_token = cells // len(embed_tokens) if cells % len(embed_tokens) == 0 else None
-        for key, f in fields.items():
-            rows = f.shape[f.flat_dim] if f.kind is FlatLayout and f.shape else 0
-            if rows and rows % cells == 0:
-                fields[key] = replace(f, rows_per_cell=rows // cells)
-            elif rows and cells % rows == 0:
-                fields[key] = replace(f, cells_per_row=cells // rows)
+        grid = grid_cells(wire_item[grid_key].data)
+        if grid % cells == 0:
+            cells, per_token = grid, grid // cells
+    for key, f in fields.items():
+        rows = f.shape[f.flat_dim] if f.kind is FlatLayout and f.shape else 0
+        fields[key] = _tie_rows(f, rows, cells, exact=per_token is not None)
     return ModalitySpec(
         fields=fields,
         keys=frozenset(wire_item),
@@ -148,3 +149,21 @@ def modality_spec(
         grid_key=grid_key if per_token else None,
         grid_cells_per_token=per_token,
     )
+
+
+def _tie_rows(f: FieldSpec, rows: int, cells: int, *, exact: bool) -> FieldSpec:
+    """``f`` with its flat rows tied to the probe item's ``cells``.
+
+    vLLM's flat layout is for fields whose rows vary per item (patches of a grid, an
+    InternVL-style image's tiles, crops, audio chunks), and those rows grow with the tokens
+    the item puts in the context. A grid's cells fix the rows exactly (items are checked
+    against them); with no grid the cells are the embedding tokens and the tie only bounds
+    request bytes, so it rounds toward more rows per token.
+    """
+    if not rows:
+        return f
+    if rows % cells == 0 or (not exact and rows > cells):
+        return replace(f, rows_per_cell=-(-rows // cells))
+    if cells % rows == 0 or not exact:
+        return replace(f, cells_per_row=cells // rows)
+    return f

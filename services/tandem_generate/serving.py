@@ -129,8 +129,9 @@ class GenerateService:
         )
         if params.seed is not None and not self.engine.seeded_sampling_safe:
             raise UnsupportedSamplingParams(
-                "seeded sampling would crash vLLM's CPU engine with chunked prefill on; "
-                "this server must run with --no-enable-chunked-prefill to take seeds",
+                "seeded sampling would crash vLLM's CPU engine: it splits prefills, and its "
+                "workers (--worker-cls, or model runner V2) cannot rewind a CPU generator; "
+                "run with the default worker, or --no-enable-chunked-prefill, to take seeds",
                 param="sampling_params.seed",
             )
         room = self.engine.max_model_len - len(req.token_ids)

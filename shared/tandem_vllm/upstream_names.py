@@ -43,6 +43,7 @@ class UpstreamName:
 
 
 _SERVING_RENDER = "vllm.entrypoints.scale_out.render.serving:ServingRender"
+_GPU_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 _ONLINE_RENDERER = "vllm.renderers.online_renderer:OnlineRenderer"
 _BASE_RENDERER = "vllm.renderers.base:BaseRenderer"
 _CONNECTOR = "vllm.multimodal.media:MediaConnector"
@@ -212,6 +213,38 @@ UPSTREAM_NAMES: tuple[UpstreamName, ...] = (
         ("mm_features", "num_computed_tokens", "uses_mrope"),
         "generate",
         "what tandem_generate.vllm_scheduler undoes; gone upstream, the override may be too",
+    ),
+    # Generate: seeded sampling on a CPU engine that splits prefills (vllm_worker).
+    UpstreamName(
+        f"{_GPU_RUNNER}._sample",
+        ("self", "logits", "spec_decode_metadata"),
+        "generate",
+        "overridden by tandem_generate.vllm_worker to undo a discarded draw of a CPU generator",
+    ),
+    UpstreamName(
+        f"{_GPU_RUNNER}._bookkeeping_sync",
+        (
+            "self",
+            "scheduler_output",
+            "sampler_output",
+            "logits",
+            "hidden_states",
+            "num_scheduled_tokens",
+        ),
+        "generate",
+        "overridden by tandem_generate.vllm_worker to keep its offset rewind off CPU generators",
+    ),
+    UpstreamName(
+        f"{_GPU_RUNNER}.discard_request_mask",
+        None,
+        "generate",
+        "tandem_generate.vllm_worker reads which rows' sampled tokens are thrown away",
+    ),
+    UpstreamName(
+        "vllm.v1.worker.cpu_worker:CPUWorker.init_device",
+        ("self",),
+        "generate",
+        "overridden by tandem_generate.vllm_worker to run its model runner",
     ),
     # Front door: the Messages API through vLLM's Messages serving (vllm_answers._DoorMessages).
     UpstreamName(
