@@ -94,8 +94,8 @@ def table() -> str:
         lines.append(f"| {r.title} | `{r.architecture}` | {inputs} | {r.tested} | {r.notes} |")
     lines += [
         "",
-        "Not proven here (vLLM 0.32 serves them, transformers 5 holds their processor and "
-        "config, and no tiny checkpoint of them is built yet, or it cannot run here):",
+        "Not proven here (vLLM 0.32 serves them and transformers 5 holds their processor and "
+        "config, but a tiny checkpoint of them cannot be served here, for the reason given):",
         "",
         "| vLLM architecture | Why |",
         "| --- | --- |",
@@ -104,7 +104,6 @@ def table() -> str:
     return "\n".join(lines)
 
 
-NOT_BUILT = "No tiny checkpoint built yet."
 UNTESTED: dict[str, str] = {
     "CohereAsrForConditionalGeneration": (
         "vLLM reads the original NeMo-style config (`encoder`, `transf_decoder`, `head`) and "
@@ -126,7 +125,6 @@ UNTESTED: dict[str, str] = {
         "Sparse attention (`index_topk`, which transformers requires) is not supported by "
         "vLLM's CPU build."
     ),
-    "Granite4VisionForConditionalGeneration": NOT_BUILT,
     "GraniteSpeechForConditionalGeneration": TORCHAUDIO,
     "GraniteSpeechPlusForConditionalGeneration": TORCHAUDIO,
     "MiniMaxM3SparseForConditionalGeneration": (

@@ -361,6 +361,17 @@ FAMILIES: dict[str, Family] = {
             "template fails every image chat in vLLM 0.32.",
             in_make_test=False,
         ),
+        Family(
+            "granite4-vision",
+            "granite4_vision",
+            "Granite 4 Vision",
+            "Granite4VisionForConditionalGeneration",
+            ("image",),
+            "Images only. Image features are added into language-model layers (deepstack), "
+            "not input embeddings. Tested with a Granite-style chat template writing each "
+            "image as `<image>`; the published template is untested.",
+            in_make_test=False,
+        ),
     )
 }
 
